@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Every check tiny_lm's CI runs, in order: export/clean/README are up to date, ruff, the notebooks
+# (nbdev_test), then pytest. pytest runs last so that its summary ("N passed in ...") is the final
+# line printed. Run from the repository root with the dev virtual environment active:
+#   pip install -e ".[dev]" && bash tests/check.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ -z "${VIRTUAL_ENV:-}" && -x .venv/bin/python ]]; then
+    export PATH="$PWD/.venv/bin:$PATH"  # the repo's own venv, when it is not activated
+fi
+for tool in nbdev_export nbdev_clean nbdev_test ruff python; do
+    command -v "$tool" >/dev/null || { echo "check: '$tool' not found; run: pip install -e \".[dev]\"" >&2; exit 1; }
+done
+
+header() { printf '\n== check %s ==\n' "$1"; }
+
+# Hash of every file under nbs/ and tiny_lm/, so we see exactly what export/clean changed
+# (works on a fresh clone and on a working tree with uncommitted notebooks alike).
+snapshot() {
+    find nbs tiny_lm -type f -not -path '*/__pycache__/*' -not -path '*/.ipynb_checkpoints/*' -print0 |
+        LC_ALL=C sort -z | xargs -0 sha256sum
+}
+
+header "1/4: notebooks exported and clean, README generated"
+before="$(snapshot)"
+nbdev_export
+nbdev_clean
+after="$(snapshot)"
+if [[ "$before" != "$after" ]]; then
+    echo "check: nbdev_export/nbdev_clean changed these files; run them and commit the result:" >&2
+    { diff <(echo "$before") <(echo "$after") || true; } | sed -n 's/^[<>] [0-9a-f]*  /  /p' | sort -u >&2
+    exit 1
+fi
+readme_before="$(mktemp)"
+trap 'rm -f "$readme_before"' EXIT
+cp README.md "$readme_before" 2>/dev/null || true
+python .ci/readme.py
+if ! cmp -s README.md "$readme_before"; then
+    echo "check: README.md was out of date with nbs/index.ipynb; run 'python .ci/readme.py' and commit README.md" >&2
+    exit 1
+fi
+echo "ok: nothing to export, clean or regenerate"
+
+header "2/4: ruff check --select F tiny_lm"
+ruff check --select F tiny_lm
+
+header "3/4: nbdev_test (skips cells flagged slow, net, accel)"
+XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE=1 \
+    nbdev_test --n_workers 2
+
+header "4/4: pytest tests (export, ruff and nbdev_test passed)"
+status=0
+HF_HUB_OFFLINE=1 python -m pytest -q tests || status=$?
+if [[ $status -eq 5 ]]; then
+    echo "check: pytest collected no tests: tests/ must hold tests" >&2
+    exit 1
+fi
+exit "$status"
