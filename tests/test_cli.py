@@ -1,0 +1,154 @@
+"""The `tiny-lm` command end to end, in subprocesses, on the fixtures in tests/data/."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+SMALL = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "384", "--seq-len", "32",
+         "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--batch-size", "8",
+         "--eval-every", "10", "--save-every", "10", "--no-progress"]
+
+
+def tiny_lm(*args, env=ENV, timeout=300):
+    """Run the installed console script; returns the completed process."""
+    return subprocess.run(["tiny-lm", *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def snapshot(folder: Path) -> list:
+    return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of 20 steps on the Shakespeare fixture."""
+    out = tmp_path_factory.mktemp("run") / "output"
+    r = tiny_lm("train", *SMALL, "--max-steps", "20", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    return out, r
+
+
+def test_train_writes_the_seed_layout(trained):
+    out, r = trained
+    for name in ["tokenizer.json", "model_config.json", "training_summary.json", "checkpoint_step_20"]:
+        assert (out / name).exists(), name
+    summary = json.loads((out / "training_summary.json").read_text())
+    for key in ["final_loss", "best_loss", "total_steps", "total_time", "total_tokens", "avg_tokens_per_sec",
+                "model_params", "output_dir", "final_val_loss"]:
+        assert key in summary, key
+    assert set(summary["device_info"]) >= {"backend", "num_devices", "device_type", "devices"}
+    assert summary["device_info"]["num_devices"] == 2
+    assert summary["total_steps"] == 20 and summary["total_tokens"] == 20 * 8 * 32
+    assert summary["final_val_loss"] < summary["unigram_val_loss"]
+    assert "--- sample ---" in r.stdout and "trained tokenizer" in r.stdout
+
+
+def test_generate_prints_text(trained):
+    out, _ = trained
+    r = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "30",
+                "--temperature", "0.8", "--top-k", "50")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ROMEO:") and len(r.stdout.strip()) > len("ROMEO:")
+    again = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "30",
+                    "--temperature", "0.8", "--top-k", "50")
+    assert again.stdout == r.stdout  # same seed, same text
+
+
+def test_python_api_loads_the_run(trained):
+    out, _ = trained
+    code = (f"from tiny_lm import load_checkpoint; import numpy as np\n"
+            f"from tiny_lm.generate import generate\n"
+            f"model, tok, cfg = load_checkpoint({str(out)!r})\n"
+            f"logits = model(np.array([[1, 2, 3]]))\n"
+            f"assert logits.shape == (1, 3, cfg.vocab_size), logits.shape\n"
+            f"print(generate(model, tok, 'KING', max_new_tokens=10, temperature=0.8, top_k=50, top_p=0.9, seed=1))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("KING")
+
+
+def test_second_run_reuses_tokenizer_and_resume_continues(tmp_path):
+    out = tmp_path / "output"
+    assert tiny_lm("train", *SMALL, "--max-steps", "10", "--output-dir", str(out)).returncode == 0
+    tok_before = (out / "tokenizer.json").read_bytes()
+    second = tiny_lm("train", *SMALL, "--max-steps", "10", "--output-dir", str(out))
+    assert second.returncode == 0, second.stderr
+    assert "reusing tokenizer" in second.stdout
+    assert (out / "tokenizer.json").read_bytes() == tok_before
+    resumed = tiny_lm("train", "--resume-from", str(out), "--output-dir", str(out), "--max-steps", "20", "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "at step 10 of 20" in resumed.stdout
+    assert json.loads((out / "training_summary.json").read_text())["total_steps"] == 20
+    retrained = tiny_lm("train", *SMALL, "--max-steps", "10", "--output-dir", str(out), "--retrain-tokenizer", "--vocab-size", "320")
+    assert retrained.returncode == 0 and "trained tokenizer" in retrained.stdout
+
+
+def test_python_dash_m_is_the_same_command():
+    r = subprocess.run([sys.executable, "-m", "tiny_lm", "train", "--help"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 0 and "--dataset-id" in r.stdout and "--resume-from" in r.stdout
+
+
+BAD_INPUT = {
+    "missing path": (["--dataset-id", "/no/such/corpus.txt"], "does not exist"),
+    "hub unreachable": (["--dataset-id", "someone/some-dataset"], "cannot reach the Hugging Face hub"),
+    "missing column": (["--dataset-id", str(DATA / "speeches.jsonl")], "its columns are speaker, body, id"),
+    "empty dataset": (["--dataset-id", "EMPTY"], "is empty"),
+    "bad preset": (["--model-preset", "huge"], "invalid choice"),
+    "vocab mismatch": (["--vocab-size", "999"], "--retrain-tokenizer"),
+    "heads": (["--d-model", "30", "--num-heads", "4"], "not divisible"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, case):
+    out, _ = trained
+    args, message = BAD_INPUT[case]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    args = [str(empty) if a == "EMPTY" else a for a in args]
+    before = snapshot(out)
+    r = tiny_lm("train", *SMALL, "--max-steps", "5", "--output-dir", str(out), *args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    if case != "bad preset":  # argparse prints its usage line too
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("error: ")
+    assert snapshot(out) == before
+
+
+def test_column_flag_fixes_the_missing_column(tmp_path):
+    r = tiny_lm("train", *SMALL, "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body",
+                "--val-split", "0.1", "--max-steps", "4", "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+
+
+def test_parquet_folder_source(tmp_path):
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes((DATA / "speeches.parquet").read_bytes())
+    r = tiny_lm("train", *SMALL, "--dataset-id", str(folder), "--val-split", "0.1", "--max-steps", "4",
+                "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+
+
+def test_hub_unreachable_without_offline_flag(tmp_path):
+    """The real no-network path (no HF_HUB_OFFLINE): still one line, exit 2."""
+    env = {k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}
+    r = tiny_lm("train", *SMALL, "--dataset-id", "someone/some-dataset", "--output-dir", str(tmp_path / "o"), env=env)
+    if r.returncode == 0:
+        pytest.skip("this machine can reach the hub")
+    assert r.returncode == 2 and ("cannot reach the Hugging Face hub" in r.stderr or "no dataset" in r.stderr), r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not os.environ.get("TINY_LM_DEFAULT_RUN"), reason="set TINY_LM_DEFAULT_RUN=1 to run the full default job (a few minutes)")
+def test_default_run_beats_unigram(tmp_path):
+    r = tiny_lm("train", "--output-dir", str(tmp_path / "output"), "--no-progress", timeout=600)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "output" / "training_summary.json").read_text())
+    assert summary["final_val_loss"] < summary["unigram_val_loss"] - 1.0
