@@ -1,6 +1,7 @@
 
 
-# %% ../nbs/09_cli.ipynb #840dc040
+# %% ../nbs/09_cli.ipynb #dab8780b
+#| eval: false
 import sys
 
 from tiny_lm.cli import main
@@ -8,7 +9,17 @@ from tiny_lm.cli import main
 if __name__ == "__main__":
     sys.exit(main())
 
-# %% ../nbs/09_cli.ipynb #840dc040
+# %% ../nbs/09_cli.ipynb #dab8780b
+#| eval: false
+import sys
+
+from tiny_lm.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+# %% ../nbs/09_cli.ipynb #cdd1f288
+#| eval: false
 import sys
 
 from tiny_lm.cli import main
