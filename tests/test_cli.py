@@ -11,7 +11,7 @@ DATA = Path(__file__).parent / "data"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 SMALL = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "384", "--seq-len", "32",
          "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--batch-size", "8",
-         "--eval-every", "10", "--save-every", "10", "--no-progress"]
+         "--eval-every", "40", "--save-every", "40", "--no-progress"]
 
 
 def tiny_lm(*args, env=ENV, timeout=300):
@@ -25,16 +25,16 @@ def snapshot(folder: Path) -> list:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A run of 20 steps on the Shakespeare fixture."""
+    """A run of 80 steps on the Shakespeare fixture."""
     out = tmp_path_factory.mktemp("run") / "output"
-    r = tiny_lm("train", *SMALL, "--max-steps", "20", "--output-dir", str(out))
+    r = tiny_lm("train", *SMALL, "--max-steps", "80", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     return out, r
 
 
 def test_train_writes_the_seed_layout(trained):
     out, r = trained
-    for name in ["tokenizer.json", "model_config.json", "training_summary.json", "checkpoint_step_20"]:
+    for name in ["tokenizer.json", "model_config.json", "training_summary.json", "checkpoint_step_80"]:
         assert (out / name).exists(), name
     summary = json.loads((out / "training_summary.json").read_text())
     for key in ["final_loss", "best_loss", "total_steps", "total_time", "total_tokens", "avg_tokens_per_sec",
@@ -42,7 +42,7 @@ def test_train_writes_the_seed_layout(trained):
         assert key in summary, key
     assert set(summary["device_info"]) >= {"backend", "num_devices", "device_type", "devices"}
     assert summary["device_info"]["num_devices"] == 2
-    assert summary["total_steps"] == 20 and summary["total_tokens"] == 20 * 8 * 32
+    assert summary["total_steps"] == 80 and summary["total_tokens"] == 80 * 8 * 32
     assert summary["final_val_loss"] < summary["unigram_val_loss"]
     assert "--- sample ---" in r.stdout and "trained tokenizer" in r.stdout
 
