@@ -5,10 +5,13 @@
 # %% ../nbs/06_checkpoint.ipynb #ced808f2
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
@@ -18,7 +21,7 @@ from .model import ModelConfig, Transformer
 from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
-__all__ = ['STEP_PREFIX', 'Checkpointer', 'restore', 'load_checkpoint']
+__all__ = ['STEP_PREFIX', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore', 'load_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -39,14 +42,17 @@ class Checkpointer:
         "Committed steps, oldest first."
         return sorted(self.manager.all_steps())
 
-    def __call__(self, step: int, model: nnx.Module, optimizer: nnx.Optimizer, metrics: dict | None = None) -> None:
-        "Start an asynchronous save of `step`; returns once the arrays are copied off the devices."
+    def __call__(self, step: int, model: nnx.Module, optimizer: nnx.Optimizer, metrics: dict | None = None,
+                 data: dict | None = None) -> None:
+        "Start an asynchronous save of `step` (with the data pipeline's `data` state, if any); returns once the arrays are copied off the devices."
         metrics = {k: v for k, v in (metrics or {}).items() if v is not None}
-        items = ocp.args.Composite(
+        items = dict(
             model=ocp.args.StandardSave(nnx.state(model)),
             optimizer=ocp.args.StandardSave(nnx.state(optimizer)),
             meta=ocp.args.JsonSave({**self.meta, "step": step, "metrics": metrics}))
-        self.manager.save(step, args=items, metrics=metrics if "val_loss" in metrics else None, force=True)
+        if data is not None:
+            items["data"] = DataStateSave(data)
+        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics if "val_loss" in metrics else None, force=True)
 
     def wait(self) -> None:
         "Block until every pending save is committed to disk."
@@ -56,13 +62,43 @@ class Checkpointer:
         "Finish pending saves and release the manager."
         self.manager.close()
 
+# %% ../nbs/06_checkpoint.ipynb #d929f603
+class DataStateHandler(ocp.CheckpointHandler):
+    "Orbax handler for the data pipeline's state: each process writes its own `process_I-of-N.npz`."
+    def _file(self, directory):
+        return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.npz"
+
+    def save(self, directory, args: DataStateSave):
+        arrays = {k: v for k, v in args.state.items() if isinstance(v, np.ndarray)}
+        rest = json.dumps({k: v for k, v in args.state.items() if not isinstance(v, np.ndarray)})
+        with self._file(directory).open("wb") as f:
+            np.savez(f, _json=np.frombuffer(rest.encode(), np.uint8), **arrays)
+
+    def restore(self, directory, args: DataStateRestore | None = None) -> dict:
+        path = self._file(directory)
+        if not path.exists():
+            raise TinyLMError(f"{directory} holds no data state for process {jax.process_index()} of {jax.process_count()}: resume with as many processes as saved it")
+        with path.open("rb") as f, np.load(f) as z:
+            return {**json.loads(bytes(z["_json"]).decode()), **{k: z[k] for k in z.files if k != "_json"}}
+
+@ocp.args.register_with_handler(DataStateHandler, for_save=True)
+@dataclasses.dataclass
+class DataStateSave(ocp.args.CheckpointArgs):
+    "Save this process's data-pipeline state (a dict of JSON values and NumPy arrays)."
+    state: dict
+
+@ocp.args.register_with_handler(DataStateHandler, for_restore=True)
+@dataclasses.dataclass
+class DataStateRestore(ocp.args.CheckpointArgs):
+    "Restore this process's data-pipeline state."
+
 # %% ../nbs/06_checkpoint.ipynb #9c33e439
 def _targets(node: nnx.Module | nnx.Optimizer):
     "Shape, dtype and sharding of every array in `node`: what Orbax restores into."
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), nnx.state(node))
 
 def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | None = None, step: int | None = None) -> dict:
-    "Restore the newest readable step (or `step`) into `model` (and `optimizer`); returns its meta record."
+    "Restore the newest readable step (or `step`) into `model` (and `optimizer`); returns its meta record (with the data state under 'data')."
     candidates = [step] if step is not None else ckpt.steps()[::-1]
     if not candidates:
         raise TinyLMError(f"no checkpoint in {ckpt.directory}: train first with tiny-lm train --output-dir {ckpt.directory}")
@@ -71,8 +107,12 @@ def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | No
         items = dict(model=ocp.args.StandardRestore(_targets(model)), meta=ocp.args.JsonRestore())
         if optimizer is not None:
             items["optimizer"] = ocp.args.StandardRestore(_targets(optimizer))
+        if (ckpt.directory / f"{STEP_PREFIX}_{s}" / "data").is_dir():
+            items["data"] = DataStateRestore()
         try:
             restored = ckpt.manager.restore(s, args=ocp.args.Composite(**items))
+        except TinyLMError:
+            raise
         except Exception as e:  # a damaged step: note it and try the previous one
             errors.append(f"step {s}: {type(e).__name__}")
             continue
@@ -81,7 +121,7 @@ def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | No
             nnx.update(optimizer, restored["optimizer"])
         if errors:
             print(f"warning: skipped unreadable checkpoints ({'; '.join(errors)}), restored step {s}")
-        return restored["meta"]
+        return {**restored["meta"], "data": restored.get("data")}
     raise TinyLMError(f"no readable checkpoint in {ckpt.directory} ({'; '.join(errors)}): delete the damaged checkpoint_step_* folders or start a new run")
 
 # %% ../nbs/06_checkpoint.ipynb #82e1ea38

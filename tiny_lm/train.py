@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from .data import step_batches
 from .model import ModelConfig, Transformer
 from .tokenizer import TinyLMError
 
@@ -155,6 +156,12 @@ class TrainLog:
     evals: list[dict] = field(default_factory=list)  # {step, val_loss}
     steps: int = 0  # optimizer steps run in this call
     seconds: float = 0.0  # wall time of the loop, compilation and evaluation included
+    data_wait: float = 0.0  # seconds the loop waited for the next batch
+
+    @property
+    def data_wait_fraction(self) -> float:
+        "Share of the loop's wall time spent waiting for data."
+        return self.data_wait / self.seconds if self.seconds else 0.0
 
     @property
     def tokens(self) -> int:
@@ -186,7 +193,7 @@ def fit(
     val_batches: Sequence[np.ndarray] = (),  # fixed validation batches (none: no evaluation)
     start_step: int = 0,  # first step to run (after a restore)
     put: Callable = jnp.asarray,  # moves a NumPy batch onto the device(s)
-    checkpoint: Callable | None = None,  # called as checkpoint(step, model, optimizer, metrics)
+    checkpoint: Callable | None = None,  # called as checkpoint(step, model, optimizer, metrics[, data=stream state])
     progress: bool = True,  # show a progress bar
     log: Callable = print,  # where evaluation lines go
 ) -> TrainLog:
@@ -195,10 +202,10 @@ def fit(
     eval_step, schedule = make_eval_step(model, optimizer), lr_schedule(cfg, total_steps)
     run = TrainLog(tokens_per_step=cfg.sequences_per_step * model.cfg.seq_len, start_step=start_step)
     bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
-    last_eval = {}
+    last_eval, loader = {}, step_batches(batches, start_step, cfg.gradient_accumulation_steps)
     try:
         for step in range(start_step, total_steps):
-            batch = np.concatenate([batches[step * cfg.gradient_accumulation_steps + a] for a in range(cfg.gradient_accumulation_steps)])
+            batch, data_state = next(loader)
             state, metrics = train_step(state, put(batch))
             done = step + 1
             run.steps += 1
@@ -211,9 +218,11 @@ def fit(
                 (bar.write if progress else log)(f"step {done:>6}  train loss {run.history[-1]['loss']:.4f}  val loss {last_eval['val_loss']:.4f}")
             if checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps):
                 nnx.update((model, optimizer), state)
-                checkpoint(done, model, optimizer, dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None))
+                data = {} if data_state is None else {"data": data_state()}
+                checkpoint(done, model, optimizer, dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None), **data)
     finally:  # donated buffers: the objects must get the live state back, even after an exception
+        loader.close()
         bar.close()
         nnx.update((model, optimizer), state)
-    run.seconds = time.perf_counter() - run.started
+    run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
     return run
