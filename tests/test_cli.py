@@ -1,6 +1,7 @@
 """The `tiny-lm` command end to end, in subprocesses, on the fixtures in tests/data/."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,18 +101,44 @@ BAD_INPUT = {
     "bad preset": (["--model-preset", "huge"], "invalid choice"),
     "vocab mismatch": (["--vocab-size", "999"], "--retrain-tokenizer"),
     "heads": (["--d-model", "30", "--num-heads", "4"], "not divisible"),
+    "all-blank rows": (["--dataset-id", "BLANK"], "every row is empty or blank"),
+    "binary file": (["--dataset-id", "BINARY"], "is not UTF-8 text"),
+    "unknown extension": (["--dataset-id", "MARKDOWN"], "is not a .txt, .jsonl, .json, .parquet or .csv file"),
+    "non-text column": (["--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "id"], "not text; its columns are speaker, body, id"),
+    "seq-len beyond the corpus": (["--dataset-id", "TINY", "--seq-len", "4096", "--val-split", "0.5"], "smaller --seq-len"),
+    "seq-len beyond the corpus, streamed": (["--dataset-id", "TINY", "--seq-len", "4096", "--use-streaming", "--val-split", "0.5"], "smaller --seq-len"),
+    "corrupt parquet": (["--dataset-id", "BADPARQUET"], "cannot read"),
+    "corrupt gzip": (["--dataset-id", "BADGZIP"], "cannot read"),
+    "vocab flags clash": (["--auto-vocab-size"], "not both"),
+    "shuffle buffer": (["--shuffle-buffer-size", "0"], "--shuffle-buffer-size must be at least 1"),
+    "vocab range": (["--auto-vocab-size", "--min-vocab-size", "4096", "--max-vocab-size", "1024"], "--min-vocab-size"),
 }
+
+def make_bad_files(tmp_path) -> dict:
+    """The broken inputs of BAD_INPUT, made fresh for each case."""
+    files = {"EMPTY": "empty.jsonl", "BLANK": "blank.jsonl", "BINARY": "binary.txt", "MARKDOWN": "notes.md",
+             "TINY": "tiny.txt", "BADPARQUET": "bad.parquet", "BADGZIP": "bad.txt.gz"}
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.jsonl").write_text('{"text": "   "}\n{"text": ""}\n' * 50)
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "notes.md").write_text("# notes\n")
+    (tmp_path / "tiny.txt").write_text("a few words.\n\nand a few more.\n\n" * 3)
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
+    (tmp_path / "bad.txt.gz").write_bytes(b"\x1f\x8b\x08\x00garbage that is not deflate data")
+    return {k: str(tmp_path / v) for k, v in files.items()}
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUT))
 def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, case):
     out, _ = trained
     args, message = BAD_INPUT[case]
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    args = [str(empty) if a == "EMPTY" else a for a in args]
+    files = make_bad_files(tmp_path)
+    args = [files.get(a, a) for a in args]
+    if "--auto-vocab-size" in args and case != "vocab flags clash":
+        args = [a for a in SMALL if a not in ("--vocab-size", "384")] + args  # SMALL sets --vocab-size
     before = snapshot(out)
-    r = tiny_lm("train", *SMALL, "--max-steps", "5", "--output-dir", str(out), *args)
+    base = [] if "--auto-vocab-size" in args and case != "vocab flags clash" else SMALL
+    r = tiny_lm("train", *base, "--max-steps", "5", "--output-dir", str(out), *args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert message in r.stderr
     assert "Traceback" not in r.stderr
@@ -152,3 +179,59 @@ def test_default_run_beats_unigram(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "output" / "training_summary.json").read_text())
     assert summary["final_val_loss"] < summary["unigram_val_loss"] - 1.0
+
+
+def test_streamed_run_resumes_exactly(tmp_path):
+    """Resuming a streamed 12-step run from its step-6 checkpoint (another worker count) ends with the parameters of the uninterrupted run."""
+    flags = [*SMALL, "--use-streaming", "--num-workers", "2", "--shuffle-buffer-size", "32", "--save-every", "6", "--eval-every", "6"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    r = tiny_lm("train", *flags, "--max-steps", "12", "--output-dir", str(whole))
+    assert r.returncode == 0, r.stderr
+    assert "streaming: 2 tokenizer workers" in r.stdout
+    shutil.copytree(whole, split)
+    shutil.rmtree(split / "checkpoint_step_12")  # as if the machine had died after step 6
+    resumed = tiny_lm("train", "--resume-from", str(split), "--output-dir", str(split), "--num-workers", "1", "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "at step 6 of 12" in resumed.stdout
+    code = ("import numpy as np, jax, sys\nfrom flax import nnx\nfrom tiny_lm import load_checkpoint\n"
+            "a, b = (nnx.state(load_checkpoint(p)[0]) for p in sys.argv[1:])\n"
+            "assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))")
+    check = subprocess.run([sys.executable, "-c", code, str(whole), str(split)], capture_output=True, text=True, env=ENV, timeout=120)
+    assert check.returncode == 0, check.stderr
+    summary = json.loads((split / "training_summary.json").read_text())
+    assert 0 <= summary["data_wait_fraction"] < 0.5 and summary["bytes_per_token"] > 1
+
+
+def test_auto_vocab_size_and_bytes_per_token(tmp_path):
+    flags = [a for a in SMALL if a not in ("--vocab-size", "384")]
+    r = tiny_lm("train", *flags, "--auto-vocab-size", "--min-vocab-size", "300", "--max-vocab-size", "1024",
+                "--max-steps", "2", "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "auto vocab size" in r.stdout
+    chosen = json.loads((tmp_path / "o" / "model_config.json").read_text())["vocab_size"]
+    assert 300 <= chosen <= 1024
+    summary = json.loads((tmp_path / "o" / "training_summary.json").read_text())
+    assert 1.5 < summary["bytes_per_token"] < 10
+
+
+def test_foreign_tokenizer_without_our_end_of_text(tmp_path):
+    """A tokenizer.json with '</s>' and no '<|endoftext|>': documents are separated by '</s>'."""
+    code = ("from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers\nimport sys\n"
+            "t = Tokenizer(models.BPE()); t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False); t.decoder = decoders.ByteLevel()\n"
+            "tr = trainers.BpeTrainer(vocab_size=400, special_tokens=['</s>'], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())\n"
+            "t.train_from_iterator([open(sys.argv[1]).read()], tr); t.save(sys.argv[2])")
+    path = tmp_path / "foreign.json"
+    subprocess.run([sys.executable, "-c", code, str(DATA / "tiny_shakespeare.txt"), str(path)], check=True, timeout=60)
+    r = tiny_lm("train", *SMALL, "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body", "--val-split", "0.1",
+                "--tokenizer-path", str(path), "--max-steps", "2", "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "</s>" in r.stdout
+
+
+def test_bench_data_prints_one_json_object():
+    r = tiny_lm("bench", "data", "--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "320",
+                "--seq-len", "32", "--batch-size", "8", "--num-workers", "2", "--tokens", "50000", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    for key in ["cached_tokens_per_sec", "streaming_tokens_per_sec", "encode_tokens_per_sec"]:
+        assert result[key] > 0, key

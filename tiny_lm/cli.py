@@ -7,43 +7,82 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import shutil
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
 from .checkpoint import STEP_PREFIX, Checkpointer, load_checkpoint, restore
-from .data import Batches, DataConfig, eval_windows, load_tokens, open_source, unigram_loss
+from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_tokens, load_tokens, open_source,
+                          tokenize_documents, unigram_loss)
 from .generate import generate
 from .model import ModelConfig, count_params
 from .parallel import batch_put, check_batch_size, device_banner, device_info, make_mesh, replicate
 from .sizing import PRESETS, preset_config
-from .tokenizer import TinyLMError, TokenizerConfig, get_tokenizer, load_tokenizer, tokenizer_fingerprint
+from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
+                               tokenizer_fingerprint, train_tokenizer)
 from .train import TrainConfig, fit, init_model
 
 # %% auto #0
-__all__ = ['configs_from_args', 'run_train', 'run_generate', 'main']
+__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'run_train', 'run_generate', 'run_bench_data', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
-               "max_train_examples": int, "max_val_examples": int, "stride": int}
-_TOKENIZER_FLAGS = {"vocab_size": int, "tokenizer_train_examples": int}
+               "max_train_examples": int, "max_val_examples": int, "stride": int, "shuffle_buffer_size": int, "num_workers": int}
+_TOKENIZER_FLAGS = {"vocab_size": int, "min_vocab_size": int, "max_vocab_size": int, "tokenizer_train_examples": int}
 _MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "d_ff": int, "seq_len": int, "activation": str}
 _TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_rate": float, "weight_decay": float,
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int}
 _MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head"}
+_HELP = {
+    "dataset_id": "builtin:python-stdlib, a local .txt/.jsonl/.json/.parquet/.csv file or folder (.gz too), or a hub dataset id (default: builtin:python-stdlib)",
+    "dataset_config": "hub dataset configuration (subset) name (default: none)",
+    "text_column": "column holding the text in jsonl, json, parquet, csv and hub sources (default: text)",
+    "split": "split to train on (default: train)",
+    "val_split": "validation: a split name, a fraction of documents to hold out, or auto (default: auto = the 'validation' split, else 2%%)",
+    "max_train_examples": "read at most this many training documents per epoch (default: all)",
+    "max_val_examples": "read at most this many validation documents (default: as many as --eval-batches needs)",
+    "stride": "tokens between window starts; less than --seq-len makes windows overlap (default: --seq-len)",
+    "shuffle_buffer_size": "windows in the streaming shuffle buffer; 1 disables shuffling (default: 1000)",
+    "num_workers": "tokenizer worker processes; 0 tokenizes in the main process (default: one per CPU core, at most 4)",
+    "vocab_size": "tokens in the trained tokenizer's vocabulary (default: 4096)",
+    "min_vocab_size": "smallest size --auto-vocab-size may choose (default: 512)",
+    "max_vocab_size": "largest size --auto-vocab-size may choose (default: 16384)",
+    "tokenizer_train_examples": "documents the tokenizer is trained on (default: 20000)",
+    "d_model": "model width (default: the preset's)", "num_layers": "transformer blocks (default: the preset's)",
+    "num_heads": "attention heads (default: the preset's)", "d_ff": "MLP hidden width (default: the preset's)",
+    "seq_len": "tokens of context (default: the preset's)", "activation": "MLP activation: gelu, relu or silu (default: the preset's)",
+    "batch_size": "sequences per micro-batch (default: 16)",
+    "gradient_accumulation_steps": "micro-batches per optimizer step (default: 1)",
+    "learning_rate": "peak learning rate after warmup (default: 3e-3)", "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
+    "warmup_steps": "linear warmup steps (default: 50)", "grad_clip": "clip gradients to this global norm; 0 disables (default: 1.0)",
+    "max_steps": "optimizer steps to train (default: 600)",
+    "epochs": "passes over the training data instead of --max-steps (default: none)",
+    "eval_every": "steps between validation evaluations (default: 100)", "eval_batches": "validation batches per evaluation (default: 10)",
+    "log_every": "steps between progress updates (default: 10)", "save_every": "steps between checkpoints (default: 200)",
+    "seed": "seed of the parameters, the batch order and the shuffle buffer (default: 0)",
+}
 
 def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model (defaults: the tiny preset on the built-in corpus, on 2 CPU cores in a few minutes)")
     for group, flags in [("data", _DATA_FLAGS), ("tokenizer", _TOKENIZER_FLAGS), ("model", _MODEL_FLAGS), ("training", _TRAIN_FLAGS)]:
         g = p.add_argument_group(group)
         for name, typ in flags.items():
-            g.add_argument("--" + name.replace("_", "-"), type=typ, default=None)
+            g.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=_HELP[name])
     g = p.add_argument_group("switches")
+    g.add_argument("--use-streaming", dest="streaming", action="store_const", const=True, default=None,
+                   help="stream the data: start at once, any corpus size (default: on for hub ids and local sources over 100 MB)")
+    g.add_argument("--no-streaming", dest="streaming", action="store_const", const=False,
+                   help="tokenize the whole corpus once into a cache on disk and memory-map it (default for the rest)")
+    g.add_argument("--auto-vocab-size", action="store_true",
+                   help="choose the vocabulary size from the data, between --min-vocab-size and --max-vocab-size (default: off, use --vocab-size)")
     g.add_argument("--model-preset", choices=sorted(PRESETS), default=None, help="named model size (default: tiny)")
     g.add_argument("--retrain-tokenizer", action="store_true", help="train a new tokenizer even if tokenizer.json exists")
     g.add_argument("--tokenizer-path", default=None, help="use this tokenizer.json instead of training one")
@@ -71,8 +110,11 @@ def _model_overrides(args) -> dict:
 def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, TokenizerConfig, dict, TrainConfig]:
     "Data, tokenizer, model-override and training configs from flags, on top of a resumed run's `saved` configs."
     saved = saved or {}
-    data = DataConfig(**{**saved.get("data", {}), **_given(args, _DATA_FLAGS)})
-    tok = TokenizerConfig(**{k.replace("tokenizer_", ""): v for k, v in _given(args, _TOKENIZER_FLAGS).items()})
+    data = DataConfig(**{**saved.get("data", {}), **_given(args, _DATA_FLAGS), **({} if args.streaming is None else {"streaming": args.streaming})})
+    if args.auto_vocab_size and args.vocab_size is not None:
+        raise TinyLMError("give --vocab-size or --auto-vocab-size, not both")
+    tok = TokenizerConfig(auto_vocab_size=args.auto_vocab_size,
+                          **{k.replace("tokenizer_", ""): v for k, v in _given(args, _TOKENIZER_FLAGS).items()})
     train = _given(args, _TRAIN_FLAGS)
     if "epochs" in train and "max_steps" not in train:
         train["max_steps"] = None  # --epochs alone: the epochs decide the length
@@ -109,7 +151,7 @@ def _prepare_tokenizer(args, source, tok_cfg: TokenizerConfig, out: Path, resume
             shutil.copyfile(given, target)
         return tokenizer, f"using tokenizer {given}"
     tokenizer, trained = get_tokenizer(target, lambda: source.documents("train"), tok_cfg, retrain=args.retrain_tokenizer,
-                                       expect_vocab_size=args.vocab_size)
+                                       expect_vocab_size=args.vocab_size, on_choice=print)
     return tokenizer, f"{'trained' if trained else 'reusing'} tokenizer {target} ({tokenizer.get_vocab_size()} tokens)"
 
 def _clear_old_checkpoints(out: Path) -> None:
@@ -120,8 +162,32 @@ def _clear_old_checkpoints(out: Path) -> None:
         for p in old:
             shutil.rmtree(p)
 
+# %% ../nbs/09_cli.ipynb #a17ed9a1
+SAMPLE_TOKENS = 500_000  # streaming: the prefix of the training split that gives the unigram baseline
+
+def _prepare_data(source, tokenizer, data_cfg: DataConfig, seq_len: int, train_cfg: TrainConfig, out: Path, bpt: float):
+    "(batches, validation batches, unigram baseline, steps per epoch or None, one-line description)."
+    import jax
+    B, process = train_cfg.batch_size, dict(process_index=jax.process_index(), process_count=jax.process_count())
+    val_batches = eval_windows(first_tokens(source, "val", tokenizer, train_cfg.eval_batches * B * seq_len + 1), seq_len, B, train_cfg.eval_batches)
+    val_targets = np.concatenate(val_batches)[:, 1:].ravel()
+    streaming = source.streams_by_default if data_cfg.streaming is None else data_cfg.streaming
+    if not streaming:
+        tokens = load_tokens(source, "train", tokenizer, out / "cache", data_cfg.workers)
+        batches = Batches(tokens, seq_len, B, train_cfg.seed, data_cfg.stride, **process)
+        return (batches, val_batches, unigram_loss(tokens, val_targets, tokenizer.get_vocab_size()), batches.steps_per_epoch,
+                f"cached: {len(tokens):,} train tokens in {out / 'cache'}")
+    sample = first_tokens(source, "train", tokenizer, SAMPLE_TOKENS)
+    if len(sample) < seq_len + 1:
+        raise TinyLMError(f"the training split has only {len(sample)} tokens, fewer than one window of --seq-len + 1 = {seq_len + 1}: use more data or a smaller --seq-len")
+    batches = StreamingBatches(source, tokenizer, seq_len, B, train_cfg.seed, data_cfg.stride, data_cfg.shuffle_buffer_size,
+                               data_cfg.workers, **process)
+    per_epoch = source.size_bytes / bpt / (data_cfg.stride or seq_len) / (B * process["process_count"]) if source.size_bytes else None
+    return (batches, val_batches, unigram_loss(sample, val_targets, tokenizer.get_vocab_size()), per_epoch,
+            f"streaming: {data_cfg.workers} tokenizer workers, shuffle buffer {data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens")
+
 # %% ../nbs/09_cli.ipynb #f946cce7
-def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, tokens_in_split) -> dict:
+def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, steps_per_epoch, bpt) -> dict:
     evals = run.evals or [{"val_loss": None, "step": None}]
     best = min((e for e in evals if e["val_loss"] is not None), key=lambda e: e["val_loss"], default=evals[-1])
     return {
@@ -131,7 +197,8 @@ def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, start
         "total_steps": total_steps, "steps_this_run": run.steps,
         "total_time": time.perf_counter() - started, "train_time": run.seconds,
         "total_tokens": total_steps * run.tokens_per_step, "avg_tokens_per_sec": run.tokens_per_sec,
-        "epochs": total_steps * train_cfg.sequences_per_step / max(tokens_in_split // model_cfg.seq_len, 1),
+        "epochs": total_steps / train_cfg.gradient_accumulation_steps / steps_per_epoch if steps_per_epoch else None,
+        "bytes_per_token": bpt, "data_wait_fraction": run.data_wait_fraction,
         "model_params": count_params(model), "output_dir": str(out),
         "checkpoints": [f"{STEP_PREFIX}_{s}" for s in ckpt.steps()],
         "device_info": info,
@@ -150,38 +217,47 @@ def run_train(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer, how = _prepare_tokenizer(args, source, tok_cfg, out, resume_root)
     print(how)
+    bpt = bytes_per_token(tokenizer, islice(source.documents("val"), 500))
+    print(f"tokenizer: {bpt:.2f} bytes per token on validation text; documents separated by {document_separator(tokenizer)[1]}")
     base = ModelConfig.from_dict(saved["model"]) if saved else preset_config(args.model_preset or "tiny", tokenizer.get_vocab_size())
     model_cfg = replace(base, **model_over, vocab_size=tokenizer.get_vocab_size())
-    train_tokens, val_tokens = (load_tokens(source, s, tokenizer, out / "cache") for s in ("train", "val"))
-    batches = Batches(train_tokens, model_cfg.seq_len, train_cfg.batch_size, train_cfg.seed, data_cfg.stride)
-    val_batches = eval_windows(val_tokens, model_cfg.seq_len, train_cfg.batch_size, train_cfg.eval_batches)
-    baseline = unigram_loss(train_tokens, np.concatenate(val_batches)[:, 1:].ravel(), model_cfg.vocab_size)
-    total_steps = train_cfg.total_steps(batches.steps_per_epoch / train_cfg.gradient_accumulation_steps)
+    batches, val_batches, baseline, per_epoch, how_data = _prepare_data(source, tokenizer, data_cfg, model_cfg.seq_len, train_cfg, out, bpt)
+    if per_epoch is None and train_cfg.epochs is not None:
+        raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
+    total_steps = train_cfg.total_steps(per_epoch / train_cfg.gradient_accumulation_steps if per_epoch else math.inf)
     mesh = make_mesh()
     check_batch_size(train_cfg.batch_size, mesh)
     model, optimizer = init_model(model_cfg, train_cfg, total_steps)
     replicate(model, optimizer, mesh)
-    config = {"model": model_cfg.to_dict(), "data": data_cfg.__dict__, "train": train_cfg.to_dict()}
+    config = {"model": model_cfg.to_dict(), "data": asdict(data_cfg), "train": train_cfg.to_dict()}
     start = 0
     if resume_root is not None:
-        start = restore(Checkpointer(resume_root, read_only=True), model, optimizer)["step"]
+        meta = restore(Checkpointer(resume_root, read_only=True), model, optimizer)
+        start = meta["step"]
+        if isinstance(batches, StreamingBatches):
+            if meta.get("data") is None:
+                raise TinyLMError(f"{resume_root} was trained on cached data (its checkpoints hold no stream state): resume it with --no-streaming")
+            batches.load_state(meta["data"])
         print(f"resumed {resume_root} at step {start} of {total_steps}")
     else:
         _clear_old_checkpoints(out)
     ckpt = Checkpointer(out, meta={"config": config, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)})
     (out / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
-    print(f"model: {count_params(model):,} parameters | data: {len(train_tokens):,} train tokens, {batches.steps_per_epoch:.0f} steps per epoch | "
-          f"unigram baseline {baseline:.3f} | {total_steps} steps")
+    print(f"model: {count_params(model):,} parameters | data: {how_data}, "
+          f"{f'{per_epoch:.0f}' if per_epoch else 'unknown'} steps per epoch | unigram baseline {baseline:.3f} | {total_steps} steps")
     try:
         run = fit(model, optimizer, batches, train_cfg, total_steps, val_batches=val_batches, start_step=start,
                   put=batch_put(mesh), checkpoint=ckpt, progress=not args.no_progress)
     finally:
         ckpt.wait()
-    summary = _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, len(train_tokens))
+        if isinstance(batches, StreamingBatches):
+            batches.close()
+    summary = _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, per_epoch, bpt)
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
     ckpt.close()
     print(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {baseline:.4f}), "
-          f"{summary['avg_tokens_per_sec']:,.0f} tokens/s, {summary['total_time']:.0f} s -> {out}")
+          f"{summary['avg_tokens_per_sec']:,.0f} tokens/s, waited for data {summary['data_wait_fraction']:.1%} of the time, "
+          f"{summary['total_time']:.0f} s -> {out}")
     print("--- sample ---\n" + generate(model, tokenizer, args.sample_prompt, max_new_tokens=100, temperature=0.8, top_k=50))
     return summary
 
@@ -204,6 +280,67 @@ def run_generate(args) -> str:
     print(text)
     return text
 
+# %% ../nbs/09_cli.ipynb #6022b92b
+def _bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="measure speed (data: the input pipeline)")
+    kinds = p.add_subparsers(dest="bench", required=True)
+    d = kinds.add_parser("data", help="tokens/s of cached batches, streaming batches and the tokenizer's own encoding")
+    d.add_argument("--dataset-id", default=DataConfig.dataset_id, help=_HELP["dataset_id"])
+    d.add_argument("--dataset-config", default=None, help=_HELP["dataset_config"])
+    d.add_argument("--text-column", default="text", help=_HELP["text_column"])
+    d.add_argument("--tokenizer-path", default=None, help="a tokenizer.json to use (default: train one of --vocab-size on the first documents)")
+    d.add_argument("--vocab-size", type=int, default=4096, help="vocabulary of the tokenizer trained for the bench (default: 4096)")
+    d.add_argument("--seq-len", type=int, default=128, help="window length (default: 128)")
+    d.add_argument("--batch-size", type=int, default=16, help="windows per batch (default: 16)")
+    d.add_argument("--num-workers", type=int, default=2, help="tokenizer worker processes of the streaming pipeline (default: 2)")
+    d.add_argument("--tokens", type=int, default=2_000_000, help="training tokens to time each pipeline over (default: 2000000)")
+    d.add_argument("--json", action="store_true", help="print one JSON object instead of lines of text (default: text)")
+
+def _rate(make_batch, tokens_per_batch: int, n_tokens: int) -> float:
+    "Tokens per second of `make_batch()` over at least `n_tokens` tokens."
+    n, started = 0, time.perf_counter()
+    while n < n_tokens:
+        make_batch()
+        n += tokens_per_batch
+    return n / (time.perf_counter() - started)
+
+def run_bench_data(args) -> dict:
+    "Measure the data pipeline's rates; print them (as JSON with --json) and return them."
+    if min(args.seq_len, args.batch_size, args.tokens) < 1 or args.num_workers < 0:
+        raise TinyLMError("--seq-len, --batch-size and --tokens must be at least 1 and --num-workers at least 0")
+    cfg = DataConfig(args.dataset_id, args.dataset_config, args.text_column, num_workers=args.num_workers, streaming=True)
+    source = open_source(cfg)
+    docs = list(islice(source.documents("train"), 20_000))
+    tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else train_tokenizer(docs, TokenizerConfig(vocab_size=args.vocab_size))
+    text, n_bytes = [], 0
+    for doc in docs:  # about as much text as --tokens needs
+        text.append(doc)
+        n_bytes += len(doc.encode())
+        if n_bytes > 4 * args.tokens:
+            break
+    started = time.perf_counter()
+    n_encoded = sum(len(e.ids) for e in tokenizer.encode_batch_fast(text))
+    encode = n_encoded / (time.perf_counter() - started)
+    per_batch = args.batch_size * args.seq_len
+    cached = Batches(tokenize_documents(text, tokenizer, source.separator), args.seq_len, args.batch_size)
+    steps = iter(range(2**62))
+    cached_rate = _rate(lambda: cached[next(steps)], per_batch, args.tokens)
+    started = time.perf_counter()
+    stream = StreamingBatches(source, tokenizer, args.seq_len, args.batch_size, num_workers=args.num_workers)
+    next(stream)
+    first = time.perf_counter() - started
+    try:
+        streaming_rate = _rate(lambda: next(stream), per_batch, args.tokens)
+    finally:
+        stream.close()
+    result = {"dataset_id": args.dataset_id, "vocab_size": tokenizer.get_vocab_size(), "seq_len": args.seq_len,
+              "batch_size": args.batch_size, "num_workers": args.num_workers, "cpu_count": os.cpu_count(),
+              "encode_tokens_per_sec": encode, "streaming_tokens_per_sec": streaming_rate,
+              "streaming_vs_encode": streaming_rate / encode, "streaming_first_batch_s": first,
+              "cached_tokens_per_sec": cached_rate}
+    print(json.dumps(result) if args.json else "\n".join(f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result.items()))
+    return result
+
 # %% ../nbs/09_cli.ipynb #961cfc54
 def main(argv: list[str] | None = None) -> int:
     "Run `tiny-lm` with `argv` (default: the process's arguments); returns the exit status."
@@ -211,9 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _generate_parser(sub)
+    _bench_parser(sub)
     args = parser.parse_args(argv)
     try:
-        {"train": run_train, "generate": run_generate}[args.command](args)
+        {"train": run_train, "generate": run_generate, "bench": run_bench_data}[args.command](args)
     except TinyLMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -545,7 +545,7 @@ class StreamingBatches:
         self._rng = np.random.Generator(np.random.PCG64([seed, process_index]))
         self._pool, self._iter = None, None
         if state is not None:
-            self._load(state)
+            self.load_state(state)
 
     def _windows(self) -> Iterator[np.ndarray]:
         "Packed windows; `_position` and `_rest` always describe the stream just after the last one."
@@ -597,7 +597,8 @@ def _state(self) -> dict:
     "Everything needed to continue after the last batch: JSON-ready values and two arrays."
     return self.snapshot()()
 
-def _load(self, state: dict) -> None:
+def _load_state(self, state: dict) -> None:
+    "Continue from a `state()` (checked against this stream's settings)."
     if state.get("kind") != "stream":
         raise TinyLMError("the checkpoint holds no streaming data state (it was a cached run): resume with --no-streaming")
     changed = {k: (v, self.spec[k]) for k, v in state["spec"].items() if self.spec.get(k) != v}
@@ -608,7 +609,7 @@ def _load(self, state: dict) -> None:
     self._rest, self._buffer = np.asarray(state["rest"]), list(np.asarray(state["buffer"]))
     self._rng.bit_generator.state = state["rng"]
 
-StreamingBatches.snapshot, StreamingBatches.state, StreamingBatches._load = _snapshot, _state, _load
+StreamingBatches.snapshot, StreamingBatches.state, StreamingBatches.load_state = _snapshot, _state, _load_state
 
 # %% ../nbs/03_data.ipynb #c11491d1
 def eval_windows(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int) -> list[np.ndarray]:
