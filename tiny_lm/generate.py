@@ -14,7 +14,7 @@ from flax import nnx
 from tokenizers import Tokenizer
 
 from .model import Transformer
-from .tokenizer import EOT, TinyLMError
+from .tokenizer import END_OF_TEXT_TOKENS, TinyLMError, document_separator
 
 # %% auto #0
 __all__ = ['filter_logits', 'sample_token', 'generate']
@@ -55,8 +55,10 @@ def generate(
     "The prompt followed by up to `max_new_tokens` sampled tokens, as text."
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or max_new_tokens < 0:
         raise TinyLMError(f"need temperature ≥ 0, top-k ≥ 0, 0 < top-p ≤ 1 and max tokens ≥ 0 (got {temperature}, {top_k}, {top_p}, {max_new_tokens})")
-    T, eot = model.cfg.seq_len, tokenizer.token_to_id(EOT)
-    ids = tokenizer.encode(prompt).ids or [eot]
+    separator = document_separator(tokenizer)[0]  # <|endoftext|>, or a brought tokenizer's own end-of-text
+    eot = separator[0] if len(separator) == 1 and tokenizer.id_to_token(separator[0]) in END_OF_TEXT_TOKENS else None
+    T = model.cfg.seq_len
+    ids = tokenizer.encode(prompt, add_special_tokens=False).ids or separator or [0]
     graphdef, state = nnx.split(model)
     key, new = jax.random.key(seed), []
     for _ in range(max_new_tokens):

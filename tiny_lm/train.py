@@ -215,7 +215,7 @@ def fit(
             if val_batches and (done % cfg.eval_every == 0 or done == total_steps):
                 last_eval = dict(step=done, val_loss=evaluate(eval_step, state, val_batches, put))
                 run.evals.append(last_eval)
-                (bar.write if progress else log)(f"step {done:>6}  train loss {run.history[-1]['loss']:.4f}  val loss {last_eval['val_loss']:.4f}")
+                (bar.write if progress else log)(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {last_eval['val_loss']:.4f}")
             if checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps):
                 nnx.update((model, optimizer), state)
                 data = {} if data_state is None else {"data": data_state()}
