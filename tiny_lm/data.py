@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import queue
 import re
+import signal
 import struct
 import sys
 import sysconfig
@@ -21,6 +22,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
@@ -124,19 +126,19 @@ def source_kind(dataset_id: str) -> str:
 def _open_binary(path: Path):
     return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
 
-def _pieces(f, sep: bytes, pos: int) -> Iterator[tuple[bytes, int]]:
-    "Split a binary file on `sep` from byte `pos`: yields (piece, position after it and its separator)."
+def _pieces(f, sep: bytes, pos: int) -> Iterator[tuple[bytes, int, int]]:
+    "Split a binary file on `sep` from byte `pos`: yields (piece, its start, the position after it and its separator)."
     buf, at = b"", 0
     while True:
         block = f.read(1 << 20)
         buf, at = buf[at:] + block, 0
         while (i := buf.find(sep, at)) >= 0:
-            pos += i + len(sep) - at
-            yield buf[at:i], pos
+            start, pos = pos, pos + i + len(sep) - at
+            yield buf[at:i], start, pos
             at = i + len(sep)
         if not block:
             if at < len(buf):
-                yield buf[at:], pos + len(buf) - at
+                yield buf[at:], pos, pos + len(buf) - at
             return
 
 def _decode(piece: bytes, path: Path, pos: int) -> str:
@@ -149,8 +151,8 @@ def _decode(piece: bytes, path: Path, pos: int) -> str:
 def _rows_text(path: Path, start, column=None):
     with _open_binary(path) as f:
         f.seek(start)
-        for piece, end in _pieces(f, b"\n\n", start):
-            text = _decode(piece, path, end - len(piece))
+        for piece, at, end in _pieces(f, b"\n\n", start):
+            text = _decode(piece, path, at)
             yield ({"text": text} if column is None else text), end
 
 def _rows_document(path: Path, start, column=None):
@@ -161,13 +163,13 @@ def _rows_document(path: Path, start, column=None):
 def _rows_jsonl(path: Path, start, column=None):
     with _open_binary(path) as f:
         f.seek(start)
-        for piece, end in _pieces(f, b"\n", start):
+        for piece, at, end in _pieces(f, b"\n", start):
             if not piece.strip():
                 continue
             try:
                 row = json.loads(piece)
             except ValueError:
-                raise TinyLMError(f"{path} has a line that is not JSON near byte {end - len(piece) - 1}: fix the file, or leave it out") from None
+                raise TinyLMError(f"{path} has a line that is not JSON at byte {at}: fix the file, or leave it out") from None
             if not isinstance(row, dict):
                 raise TinyLMError(f"{path} holds JSON lines that are not objects: each line must be like {{\"text\": \"...\"}}")
             yield (row if column is None else row.get(column)), end
@@ -188,18 +190,18 @@ def _rows_json(path: Path, start, column=None):
 
 def _rows_csv(path: Path, start, column=None):
     with _open_binary(path) as f:
-        header = next(csv.reader([_decode(next(_pieces(f, b"\n", 0), (b"", 0))[0], path, 0)]), [])
-        first = f.seek(0) or len(next(_pieces(f, b"\n", 0), (b"", 0))[0]) + 1
-        start = max(start, first)
+        line, _, first = next(_pieces(f, b"\n", 0), (b"", 0, 0))
+        header = next(csv.reader([_decode(line, path, 0)]), [])
+        start = max(start, first)  # a record starts after the header
         f.seek(start)
-        at = [start]
-        def lines():
-            for piece, end in _pieces(f, b"\n", start):
-                at[0] = end
-                yield _decode(piece, path, end - len(piece) - 1) + "\n"
+        after = [start]
+        def lines():  # csv may take several lines for one record: `after` is where the last one read ends
+            for piece, at, end in _pieces(f, b"\n", start):
+                after[0] = end
+                yield _decode(piece, path, at) + "\n"
         for record in csv.reader(lines()):
             row = dict(zip(header, record))
-            yield (row if column is None else row.get(column)), at[0]
+            yield (row if column is None else row.get(column)), after[0]
 
 def _rows_parquet(path: Path, start, column=None):
     import pyarrow.parquet as pq
@@ -231,8 +233,17 @@ class Shard:
     def rows(self, start, column: str | None) -> Iterator[tuple[object, object]]:
         "(value, position after it) from `start` (None: the beginning)."
         if self.fmt != "hub":
-            return _READERS[self.fmt](Path(self.path), start or 0, column)
+            return _guarded(_READERS[self.fmt](Path(self.path), start or 0, column), self.path)
         return _hub_rows(self.stream, self.start if start is None else start, column)
+
+def _guarded(rows: Iterator, path: str) -> Iterator:
+    "The rows, with a damaged file (truncated gzip, bad parquet page...) reported by name wherever the damage is."
+    try:
+        yield from rows
+    except GeneratorExit:  # closed early (and at interpreter exit, when module globals may be gone)
+        raise
+    except (OSError, EOFError, ValueError, zlib.error) as e:
+        raise TinyLMError(f"cannot read {path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no details'}): the file is damaged; fix or remove it") from None
 
 def _hub_rows(stream, start, column):
     stream.load_state_dict(start)  # also rewinds a stream that was read before
@@ -413,6 +424,7 @@ def tokenize_documents(
 _WORKER: dict = {}
 
 def _start_worker(tokenizer_json: str, separator: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process, which shuts the pool down
     _WORKER.update(tokenizer=Tokenizer.from_str(tokenizer_json), separator=separator)
 
 def _encode_in_worker(texts: list[str]) -> np.ndarray:
@@ -426,8 +438,8 @@ class TokenizerPool:
         if num_workers:
             from tiny_lm.data import _encode_in_worker, _start_worker  # by module name, which spawned workers can import
             self._encode = _encode_in_worker
-            ctx = multiprocessing.get_context("spawn")
-            self._pool = ctx.Pool(num_workers, _start_worker, (tokenizer.to_str(), separator))
+            self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_start_worker, initargs=(tokenizer.to_str(), separator))
 
     def imap(self, chunks: Iterator[tuple[list[str], dict]]) -> Iterator[tuple[np.ndarray, dict]]:
         "(tokens, position) for each (texts, position) of `chunks`, in order, at most 2 × workers chunks ahead."
@@ -437,22 +449,18 @@ class TokenizerPool:
             return
         pending = deque()
         for texts, pos in chunks:
-            pending.append((self._pool.apply_async(self._encode, (texts,)), pos))
+            pending.append((self._pool.submit(self._encode, texts), pos))
             if len(pending) >= 2 * self.num_workers:
-                yield self._result(*pending.popleft())
+                future, p = pending.popleft()
+                yield future.result(), p  # a worker that dies raises BrokenProcessPool here: never a hang
         while pending:
-            yield self._result(*pending.popleft())
-
-    def _result(self, result, position, timeout: float = 600):
-        try:
-            return result.get(timeout), position
-        except multiprocessing.TimeoutError:  # a worker that died while starting is restarted forever: never hang
-            raise RuntimeError(f"the tokenizer workers returned nothing for {timeout:.0f} s; run with --num-workers 0 to see why") from None
+            future, p = pending.popleft()
+            yield future.result(), p
 
     def close(self) -> None:
-        "Stop the workers (pending chunks are dropped)."
+        "Stop the workers: queued chunks are dropped, the few being encoded finish first."
         if self._pool is not None:
-            self._pool.terminate()
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
     def __enter__(self): return self
@@ -591,7 +599,7 @@ def _snapshot(self) -> Callable[[], dict]:
     position, rest, buffer = dict(self._position), self._rest, list(self._buffer)
     rng, done, spec, dtype = self._rng.bit_generator.state, self.batches_done, dict(self.spec), token_dtype(self.tokenizer.get_vocab_size())
     return lambda: {"kind": "stream", "spec": spec, "position": position, "rng": rng, "batches": done,
-                    "rest": np.asarray(rest, dtype), "buffer": np.asarray(buffer, dtype).reshape(len(buffer), -1)}
+                    "rest": np.asarray(rest, dtype), "buffer": np.asarray(buffer, dtype).reshape(len(buffer), self.window)}
 
 def _state(self) -> dict:
     "Everything needed to continue after the last batch: JSON-ready values and two arrays."
