@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, replace
 from itertools import islice
@@ -20,7 +21,7 @@ import numpy as np
 
 from .checkpoint import STEP_PREFIX, Checkpointer, load_checkpoint, restore
 from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_tokens, load_tokens, open_source,
-                          tokenize_documents, unigram_loss)
+                          token_dtype, tokenize_documents, unigram_loss)
 from .generate import generate
 from .model import ModelConfig, count_params
 from .parallel import batch_put, check_batch_size, device_banner, device_info, make_mesh, replicate
@@ -322,9 +323,12 @@ def run_bench_data(args) -> dict:
     n_encoded = sum(len(e.ids) for e in tokenizer.encode_batch_fast(text))
     encode = n_encoded / (time.perf_counter() - started)
     per_batch = args.batch_size * args.seq_len
-    cached = Batches(tokenize_documents(text, tokenizer, source.separator), args.seq_len, args.batch_size)
-    steps = iter(range(2**62))
-    cached_rate = _rate(lambda: cached[next(steps)], per_batch, args.tokens)
+    with tempfile.TemporaryDirectory() as cache:  # the cached path reads a memory-mapped file, as in training
+        path = Path(cache) / "tokens.bin"
+        path.write_bytes(tokenize_documents(text, tokenizer, source.separator).tobytes())
+        cached = Batches(np.memmap(path, token_dtype(tokenizer.get_vocab_size()), mode="r"), args.seq_len, args.batch_size)
+        steps = iter(range(2**62))
+        cached_rate = _rate(lambda: cached[next(steps)], per_batch, args.tokens)
     started = time.perf_counter()
     stream = StreamingBatches(source, tokenizer, args.seq_len, args.batch_size, num_workers=args.num_workers)
     next(stream)
