@@ -425,6 +425,7 @@ _WORKER: dict = {}
 
 def _start_worker(tokenizer_json: str, separator: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process, which shuts the pool down
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     _WORKER.update(tokenizer=Tokenizer.from_str(tokenizer_json), separator=separator)
 
 def _encode_in_worker(texts: list[str]) -> np.ndarray:
