@@ -443,7 +443,7 @@ class TokenizerPool:
                                              initializer=_start_worker, initargs=(tokenizer.to_str(), separator))
 
     def imap(self, chunks: Iterator[tuple[list[str], dict]]) -> Iterator[tuple[np.ndarray, dict]]:
-        "(tokens, position) for each (texts, position) of `chunks`, in order, at most 2 × workers chunks ahead."
+        "(tokens, position) for each (texts, position) of `chunks`, in order, at most 4 × workers chunks ahead."
         if self._pool is None:
             for texts, pos in chunks:
                 yield tokenize_documents(texts, self.tokenizer, self.separator), pos
@@ -451,7 +451,7 @@ class TokenizerPool:
         pending = deque()
         for texts, pos in chunks:
             pending.append((self._pool.submit(self._encode, texts), pos))
-            if len(pending) >= 2 * self.num_workers:
+            if len(pending) >= 4 * self.num_workers:
                 future, p = pending.popleft()
                 yield future.result(), p  # a worker that dies raises BrokenProcessPool here: never a hang
         while pending:
