@@ -15,6 +15,20 @@ SMALL = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "38
          "--eval-every", "40", "--save-every", "40", "--no-progress"]
 
 
+def without(flags: list, *names: str) -> list:
+    """`flags` with the options `names` and their values left out."""
+    out, skip = [], False
+    for a in flags:
+        if skip or a in names:
+            skip = not skip and a in names
+            continue
+        out.append(a)
+    return out
+
+
+NO_DIMS = without(SMALL, "--d-model", "--num-layers", "--num-heads")
+
+
 def tiny_lm(*args, env=ENV, timeout=300):
     """Run the installed console script; returns the completed process."""
     return subprocess.run(["tiny-lm", *args], capture_output=True, text=True, env=env, timeout=timeout)
@@ -112,6 +126,9 @@ BAD_INPUT = {
     "vocab flags clash": (["--auto-vocab-size"], "not both"),
     "shuffle buffer": (["--shuffle-buffer-size", "0"], "--shuffle-buffer-size must be at least 1"),
     "vocab range": (["--auto-vocab-size", "--min-vocab-size", "4096", "--max-vocab-size", "1024"], "--min-vocab-size"),
+    "target too small": (["--target-params", "1000"], "too small to build"),
+    "target and dims": (["--target-params", "500000"], "--target-params decides the shape"),
+    "prefer depth alone": (["--prefer-depth"], "--prefer-depth applies to --target-params"),
 }
 
 def make_bad_files(tmp_path) -> dict:
@@ -138,6 +155,8 @@ def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, case):
         args = [a for a in SMALL if a not in ("--vocab-size", "384")] + args  # SMALL sets --vocab-size
     before = snapshot(out)
     base = [] if "--auto-vocab-size" in args and case != "vocab flags clash" else SMALL
+    if case in ("target too small", "prefer depth alone"):
+        base = NO_DIMS
     r = tiny_lm("train", *base, "--max-steps", "5", "--output-dir", str(out), *args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert message in r.stderr
@@ -235,3 +254,22 @@ def test_bench_data_prints_one_json_object():
     result = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
     for key in ["cached_tokens_per_sec", "streaming_tokens_per_sec", "encode_tokens_per_sec"]:
         assert result[key] > 0, key
+
+
+def test_size_prints_one_json_object():
+    r = tiny_lm("size", "--target-params", "5000000", "--prefer-depth", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    for key in ["params", "non_embedding_params", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "seq_len",
+                "vocab_size", "flops_per_token"]:
+        assert key in report, key
+    assert abs(report["params"] / 5e6 - 1) <= 0.05 and report["d_model"] % 64 == 0
+    nano = json.loads(tiny_lm("size", "--model-preset", "nano", "--json").stdout)
+    assert abs(nano["params"] / 0.5e6 - 1) <= 0.10  # its label
+
+
+def test_train_with_target_params(tmp_path):
+    r = tiny_lm("train", *NO_DIMS, "--target-params", "400000", "--max-steps", "2", "--output-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "o" / "training_summary.json").read_text())
+    assert abs(summary["model_params"] / 400_000 - 1) <= 0.05, summary["model_params"]

@@ -25,19 +25,20 @@ from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_to
 from .generate import generate
 from .model import ModelConfig, count_params
 from .parallel import batch_put, check_batch_size, device_banner, device_info, make_mesh, replicate
-from .sizing import PRESETS, preset_config
+from .sizing import PRESET_LABELS, PRESETS, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
 from .train import TrainConfig, fit, init_model
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'run_train', 'run_generate', 'run_bench_data', 'main']
+__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'run_train', 'run_generate', 'run_size', 'run_bench_data', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
                "max_train_examples": int, "max_val_examples": int, "stride": int, "shuffle_buffer_size": int, "num_workers": int}
 _TOKENIZER_FLAGS = {"vocab_size": int, "min_vocab_size": int, "max_vocab_size": int, "tokenizer_train_examples": int}
 _MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "d_ff": int, "seq_len": int, "activation": str}
+_SHAPE_FLAGS = ("d_model", "num_layers", "num_heads", "d_ff")  # what --model-preset and --target-params decide
 _TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_rate": float, "weight_decay": float,
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int}
@@ -84,7 +85,7 @@ def _train_parser(sub) -> None:
                    help="tokenize the whole corpus once into a cache on disk and memory-map it (default for the rest)")
     g.add_argument("--auto-vocab-size", action="store_true",
                    help="choose the vocabulary size from the data, between --min-vocab-size and --max-vocab-size (default: off, use --vocab-size)")
-    g.add_argument("--model-preset", choices=sorted(PRESETS), default=None, help="named model size (default: tiny)")
+    _size_flags(g)
     g.add_argument("--retrain-tokenizer", action="store_true", help="train a new tokenizer even if tokenizer.json exists")
     g.add_argument("--tokenizer-path", default=None, help="use this tokenizer.json instead of training one")
     for flag, what in [("rmsnorm", "LayerNorm instead of RMSNorm"), ("swiglu", "a GELU/--activation MLP instead of SwiGLU"),
@@ -96,16 +97,42 @@ def _train_parser(sub) -> None:
     g.add_argument("--sample-prompt", default="", help="prompt of the sample printed at the end")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
 
+# %% ../nbs/09_cli.ipynb #f1019260
+def _size_flags(g) -> None:
+    labels = ", ".join(f"{k} {v}" for k, v in PRESET_LABELS.items())
+    g.add_argument("--model-preset", choices=list(PRESETS), default=None, help=f"named model size: {labels} parameters at vocabulary 4096 (default: tiny)")
+    g.add_argument("--target-params", type=int, default=None, help="build an architecture with about this many parameters, embedding included (±5%%) (default: use the preset)")
+    g.add_argument("--prefer-depth", action="store_true", help="with --target-params: deeper and narrower (d_model / layers near 32 instead of 64) (default: off)")
+
+def _check_size_flags(args) -> None:
+    "The size flags exclude each other; checked before any slow work."
+    shape = [f"--{k.replace('_', '-')}" for k in _SHAPE_FLAGS if getattr(args, k, None) is not None]
+    if args.target_params is not None and (args.model_preset or shape):
+        raise TinyLMError(f"--target-params decides the shape: leave out {', '.join(shape or ['--model-preset'])}")
+    if args.prefer_depth and args.target_params is None:
+        raise TinyLMError("--prefer-depth applies to --target-params: add --target-params N or leave it out")
+    if args.target_params is not None:  # fail now, not after the tokenizer, when the target cannot be built
+        target_config(args.target_params, getattr(args, "vocab_size", None) or 4096, prefer_depth=args.prefer_depth)
+
+def _base_model(args, vocab_size: int) -> ModelConfig:
+    "The preset, or the solved --target-params architecture, for `vocab_size` (before explicit overrides)."
+    if args.target_params is None:
+        return preset_config(args.model_preset or "tiny", vocab_size)
+    seq_len = args.seq_len or PRESETS["tiny"]["seq_len"]
+    switches = {k: v for k, v in _model_overrides(args).items() if k.startswith("use_")}
+    return target_config(args.target_params, vocab_size, seq_len, prefer_depth=args.prefer_depth, **switches)
+
 # %% ../nbs/09_cli.ipynb #c8fbe040
 def _given(args, flags: dict) -> dict:
-    return {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+    return {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
 
 def _model_overrides(args) -> dict:
     over = {_MODEL_RENAMES.get(k, k): v for k, v in _given(args, _MODEL_FLAGS).items()}
-    switches = dict(use_rmsnorm=not args.no_rmsnorm, use_swiglu=not args.no_swiglu, use_rope=not args.no_rope)
+    flag = lambda name: getattr(args, name, False)  # `tiny-lm size` has no switches
+    switches = dict(use_rmsnorm=not flag("no_rmsnorm"), use_swiglu=not flag("no_swiglu"), use_rope=not flag("no_rope"))
     over |= {k: v for k, v in switches.items() if v is False}
-    if args.no_flash_attention: over["attention"] = "xla"
-    if args.use_mixed_precision: over["dtype"] = "bfloat16"
+    if flag("no_flash_attention"): over["attention"] = "xla"
+    if flag("use_mixed_precision"): over["dtype"] = "bfloat16"
     return over
 
 def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, TokenizerConfig, dict, TrainConfig]:
@@ -121,9 +148,10 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
         train["max_steps"] = None  # --epochs alone: the epochs decide the length
     train = TrainConfig(**{**saved.get("train", {}), **train})
     model = _model_overrides(args)
+    _check_size_flags(args)
     if saved:
         changed = {k: v for k, v in model.items() if saved["model"].get(k) != v}
-        if changed or args.model_preset:
+        if changed or args.model_preset or args.target_params:
             raise TinyLMError(f"cannot change the architecture of a resumed run ({', '.join(changed) or '--model-preset'}): leave those flags out, or start a new run in another --output-dir")
     return data, tok, model, train
 
@@ -220,7 +248,7 @@ def run_train(args) -> dict:
     print(how)
     bpt = bytes_per_token(tokenizer, islice(source.documents("val"), 500))
     print(f"tokenizer: {bpt:.2f} bytes per token on validation text; documents separated by {document_separator(tokenizer)[1]}")
-    base = ModelConfig.from_dict(saved["model"]) if saved else preset_config(args.model_preset or "tiny", tokenizer.get_vocab_size())
+    base = ModelConfig.from_dict(saved["model"]) if saved else _base_model(args, tokenizer.get_vocab_size())
     model_cfg = replace(base, **model_over, vocab_size=tokenizer.get_vocab_size())
     batches, val_batches, baseline, per_epoch, how_data = _prepare_data(source, tokenizer, data_cfg, model_cfg.seq_len, train_cfg, out, bpt)
     if per_epoch is None and train_cfg.epochs is not None:
@@ -280,6 +308,27 @@ def run_generate(args) -> str:
                     top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     print(text)
     return text
+
+# %% ../nbs/09_cli.ipynb #9fea6120
+def _size_parser(sub) -> None:
+    p = sub.add_parser("size", help="print a model's shape, parameters and FLOPs per token without training it")
+    _size_flags(p)
+    for name in ("d_model", "num_layers", "num_heads", "d_ff", "seq_len"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=_HELP[name])
+    p.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default: 4096)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table (default: table)")
+
+def run_size(args) -> dict:
+    "Print (and return) the size report of the model the flags describe."
+    _check_size_flags(args)
+    cfg = replace(_base_model(args, args.vocab_size), **_model_overrides(args))
+    report = size_report(cfg)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print("\n".join(f"{k:>22}: {v:,}" for k, v in report.items() if k != "parts"))
+        print("\n".join(f"{'  ' + k:>22}: {v:,} ({v / report['params']:.1%})" for k, v in report["parts"].items() if v))
+    return report
 
 # %% ../nbs/09_cli.ipynb #6022b92b
 def _bench_parser(sub) -> None:
@@ -354,10 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _generate_parser(sub)
+    _size_parser(sub)
     _bench_parser(sub)
     args = parser.parse_args(argv)
     try:
-        {"train": run_train, "generate": run_generate, "bench": run_bench_data}[args.command](args)
+        {"train": run_train, "generate": run_generate, "size": run_size, "bench": run_bench_data}[args.command](args)
     except TinyLMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,11 +5,14 @@
 # %% ../nbs/02_sizing.ipynb #65b99b96
 from __future__ import annotations
 
+import math
+
 from .model import ModelConfig
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['PRESETS', 'param_breakdown', 'param_count', 'preset_config', 'flops_per_token', 'preset_table']
+__all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'param_breakdown', 'param_count', 'preset_config',
+           'flops_per_token', 'preset_table', 'target_config', 'size_report']
 
 # %% ../nbs/02_sizing.ipynb #04e5eef8
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
@@ -31,11 +34,14 @@ def param_count(cfg: ModelConfig) -> int:
 
 # %% ../nbs/02_sizing.ipynb #70ce98d8
 PRESETS: dict[str, dict] = {
+    "nano": dict(d_model=64, n_layer=4, n_head=4, seq_len=128),  # a smoke test: trains in seconds on a CPU
     "tiny": dict(d_model=128, n_layer=4, n_head=4, seq_len=128),  # the ModelConfig defaults: CPU
     "small": dict(d_model=256, n_layer=6, n_head=8, seq_len=256),
     "medium": dict(d_model=512, n_layer=8, n_head=8, seq_len=512),
     "large": dict(d_model=768, n_layer=12, n_head=12, seq_len=1024),  # GPT-2 small's shape
+    "xlarge": dict(d_model=1024, n_layer=24, n_head=16, seq_len=1024),  # GPT-2 medium's shape
 }
+PRESET_LABELS = {"nano": "0.5M", "tiny": "1.4M", "small": "6M", "medium": "28M", "large": "88M", "xlarge": "300M"}  # at V = 4096
 
 def preset_config(
     name: str,  # a key of `PRESETS`
@@ -65,10 +71,63 @@ def preset_table(
     vocab_size: int,  # V, from the tokenizer
 ) -> str:
     "A Markdown table of every preset: shape, parameter count and training FLOPs per token."
-    rows = ["| preset | d_model | n_layer | n_head | d_ff | seq_len | params | FLOPs/token |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| preset | label | d_model | n_layer | n_head | d_ff | seq_len | params | FLOPs/token |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name in PRESETS:
         c = preset_config(name, vocab_size)
-        rows.append(f"| {name} | {c.d_model} | {c.n_layer} | {c.n_head} | {c.d_ff} | {c.seq_len} "
+        rows.append(f"| {name} | {PRESET_LABELS[name]} | {c.d_model} | {c.n_layer} | {c.n_head} | {c.d_ff} | {c.seq_len} "
                     f"| {_human(param_count(c))} | {_human(flops_per_token(c))} |")
     return "\n".join(rows)
+
+# %% ../nbs/02_sizing.ipynb #b267028b
+ASPECT_RATIO = 64  # preferred d_model / n_layer (GPT-2 small: 768 / 12)
+DEEP_ASPECT_RATIO = 32  # with --prefer-depth
+
+def _head_count(d_model: int) -> int:
+    return d_model // (128 if d_model >= 2048 else 64)
+
+def _shapes(target: int, config, adjust_mlp: bool):
+    "(n_layer, d_model, d_ff) the rules allow; with `adjust_mlp`, the MLP width that brings each closest to `target`."
+    for L in range(1, 97):
+        for D in range(64, 8193, 64):
+            if D >= 2048 and D % 128:
+                continue
+            if not adjust_mlp:
+                yield L, D, None
+                continue
+            per_unit = param_count(config(L, D, 65)) - param_count(config(L, D, 64))  # parameters per unit of d_ff
+            F = 64 * round((target - param_count(config(L, D, 64))) / per_unit / 64 + 1)
+            if 2 * D <= F <= 4 * D:
+                yield L, D, F
+
+def target_config(
+    target: int,  # parameters wanted, embedding included
+    vocab_size: int,  # V, from the tokenizer
+    seq_len: int = 128,  # T, the context (it counts only with learned positions)
+    prefer_depth: bool = False,  # aim for d_model / n_layer = 32 instead of 64
+    tolerance: float = 0.05,  # accepted relative error
+    **overrides,  # other ModelConfig fields (switches), applied before counting
+) -> ModelConfig:
+    "An architecture with `target` parameters (±5 %) following the width, head and depth rules above."
+    ratio = DEEP_ASPECT_RATIO if prefer_depth else ASPECT_RATIO
+    def config(L, D, F):
+        return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=D, n_layer=L, n_head=_head_count(D), d_ff=F, **overrides)
+    for adjust_mlp in (False, True):
+        fits = [(abs(math.log(D / L / ratio)), abs(n / target - 1), (L, D, F))
+                for L, D, F in _shapes(target, config, adjust_mlp)
+                if abs((n := param_count(config(L, D, F))) / target - 1) <= tolerance]
+        if fits:
+            return config(*min(fits)[2])
+    smallest = param_count(config(1, 64, None))
+    if target < smallest:
+        raise TinyLMError(f"--target-params {target:,} is too small to build with a vocabulary of {vocab_size}: the smallest model has {smallest:,} parameters (use a smaller --vocab-size or a larger target)")
+    raise TinyLMError(f"--target-params {target:,} cannot be built within {tolerance:.0%} (widths up to 8192, up to 96 layers): give --d-model and --num-layers instead")
+
+# %% ../nbs/02_sizing.ipynb #7a4af510
+def size_report(cfg: ModelConfig) -> dict:
+    "Shape, parameter counts and training FLOPs per token of `cfg`, with the names `tiny-lm size --json` uses."
+    parts = param_breakdown(cfg)
+    return {"params": param_count(cfg), "non_embedding_params": param_count(cfg) - parts["embedding"] - parts["positions"],
+            "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_head,
+            "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
+            "flops_per_token": flops_per_token(cfg), "parts": parts}
