@@ -261,11 +261,14 @@ def test_size_prints_one_json_object():
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     for key in ["params", "non_embedding_params", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "seq_len",
-                "vocab_size", "flops_per_token"]:
+                "vocab_size", "flops_per_token", "train_memory_bytes", "fits"]:
         assert key in report, key
     assert abs(report["params"] / 5e6 - 1) <= 0.05 and report["d_model"] % 64 == 0
     nano = json.loads(tiny_lm("size", "--model-preset", "nano", "--json").stdout)
     assert abs(nano["params"] / 0.5e6 - 1) <= 0.10  # its label
+    assert nano["fits"] is True and report["train_memory_bytes"] > 16 * report["params"]
+    huge = tiny_lm("size", "--model-preset", "xlarge", "--batch-size", "4096")
+    assert huge.returncode == 0 and "does not fit" in huge.stdout, huge.stdout
 
 
 def test_train_with_target_params(tmp_path):

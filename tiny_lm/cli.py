@@ -316,18 +316,32 @@ def _size_parser(sub) -> None:
     for name in ("d_model", "num_layers", "num_heads", "d_ff", "seq_len"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=_HELP[name])
     p.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default: 4096)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per micro-batch, for the memory estimate (default: 16)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="compute precision, for the memory estimate (default: fp32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table (default: table)")
+
+def _device_memory() -> int:
+    "Bytes of memory of the first local device (the machine's RAM for a CPU)."
+    import jax
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 def run_size(args) -> dict:
     "Print (and return) the size report of the model the flags describe."
     _check_size_flags(args)
-    cfg = replace(_base_model(args, args.vocab_size), **_model_overrides(args))
-    report = size_report(cfg)
+    if args.batch_size < 1:
+        raise TinyLMError(f"--batch-size must be at least 1, got {args.batch_size}")
+    dtype = "bfloat16" if args.precision == "bf16" else "float32"
+    cfg = replace(_base_model(args, args.vocab_size), **_model_overrides(args), dtype=dtype)
+    report = size_report(cfg, args.batch_size, _device_memory())
     if args.json:
         print(json.dumps(report))
-    else:
-        print("\n".join(f"{k:>22}: {v:,}" for k, v in report.items() if k != "parts"))
-        print("\n".join(f"{'  ' + k:>22}: {v:,} ({v / report['params']:.1%})" for k, v in report["parts"].items() if v))
+        return report
+    print("\n".join(f"{k:>22}: {v:,}" for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)))
+    print("\n".join(f"{'  ' + k:>22}: {v:,} ({v / report['params']:.1%})" for k, v in report["parts"].items() if v))
+    gib = lambda n: f"{n / 2**30:.2f} GiB"
+    print(f"training memory at batch {args.batch_size}: {gib(report['train_memory_bytes'])} of {gib(report['device_memory_bytes'])} "
+          + ("(fits)" if report["fits"] else "(does not fit: " + (f"use --batch-size {report['fitting_batch'][0]} --gradient-accumulation-steps {report['fitting_batch'][1]})" if report["fitting_batch"] else "not even one sequence fits: choose a smaller model)")))
     return report
 
 # %% ../nbs/09_cli.ipynb #6022b92b

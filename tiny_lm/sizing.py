@@ -12,7 +12,7 @@ from .tokenizer import TinyLMError
 
 # %% auto #0
 __all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'param_breakdown', 'param_count', 'preset_config',
-           'flops_per_token', 'preset_table', 'target_config', 'size_report']
+           'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes', 'fitting_batch', 'size_report']
 
 # %% ../nbs/02_sizing.ipynb #04e5eef8
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
@@ -123,11 +123,43 @@ def target_config(
         raise TinyLMError(f"--target-params {target:,} is too small to build with a vocabulary of {vocab_size}: the smallest model has {smallest:,} parameters (use a smaller --vocab-size or a larger target)")
     raise TinyLMError(f"--target-params {target:,} cannot be built within {tolerance:.0%} (widths up to 8192, up to 96 layers): give --d-model and --num-layers instead")
 
+# %% ../nbs/02_sizing.ipynb #fe0f3318
+def train_memory_bytes(
+    cfg: ModelConfig,
+    batch_size: int,  # sequences per micro-batch on one device
+    remat: bool = False,  # recompute each block's activations in the backward pass
+) -> dict[str, int]:
+    "Estimated peak bytes of one training step on one device, by part, and their `total`."
+    P, D, F, H, T, L, V = param_count(cfg), cfg.d_model, cfg.d_ff, cfg.n_head, cfg.seq_len, cfg.n_layer, cfg.vocab_size
+    per_block = 9 * D + 4 * F + 3 * H * T  # elements per token
+    saved = L * D + per_block if remat else L * per_block
+    act_bytes = 2 if cfg.dtype in ("bfloat16", "float16") else 4
+    parts = {"parameters": 4 * P, "gradients": 4 * P, "optimizer": 8 * P,
+             "activations": batch_size * T * (act_bytes * saved + 4 * 3 * V)}
+    return {**parts, "total": sum(parts.values())}
+
+def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int, headroom: float = 0.9) -> tuple[int, int] | None:
+    "The largest micro-batch (a divisor of `batch_size`) whose step fits in `headroom × memory_bytes`, and the accumulation steps that keep the batch; None if not even 1 fits."
+    for micro in sorted((b for b in range(1, batch_size + 1) if batch_size % b == 0), reverse=True):
+        if train_memory_bytes(cfg, micro)["total"] <= headroom * memory_bytes:
+            return micro, batch_size // micro
+    return None
+
 # %% ../nbs/02_sizing.ipynb #7a4af510
-def size_report(cfg: ModelConfig) -> dict:
-    "Shape, parameter counts and training FLOPs per token of `cfg`, with the names `tiny-lm size --json` uses."
+def size_report(
+    cfg: ModelConfig,
+    batch_size: int = 16,  # sequences per micro-batch, for the memory estimate
+    device_memory: int | None = None,  # bytes of the device that will train (None: no fit check)
+) -> dict:
+    "Shape, parameter counts, training FLOPs per token and memory of `cfg`, with the names `tiny-lm size --json` uses."
     parts = param_breakdown(cfg)
-    return {"params": param_count(cfg), "non_embedding_params": param_count(cfg) - parts["embedding"] - parts["positions"],
-            "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_head,
-            "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
-            "flops_per_token": flops_per_token(cfg), "parts": parts}
+    memory = train_memory_bytes(cfg, batch_size)
+    report = {"params": param_count(cfg), "non_embedding_params": param_count(cfg) - parts["embedding"] - parts["positions"],
+              "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_head,
+              "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
+              "flops_per_token": flops_per_token(cfg), "batch_size": batch_size, "train_memory_bytes": memory["total"],
+              "device_memory_bytes": device_memory, "fits": None, "parts": parts, "memory": memory}
+    if device_memory is not None:
+        report["fits"] = memory["total"] <= 0.9 * device_memory
+        report["fitting_batch"] = fitting_batch(cfg, batch_size, device_memory)  # (micro-batch, accumulation steps)
+    return report
