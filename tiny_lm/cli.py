@@ -215,6 +215,15 @@ def _prepare_data(source, tokenizer, data_cfg: DataConfig, seq_len: int, train_c
     return (batches, val_batches, unigram_loss(sample, val_targets, tokenizer.get_vocab_size()), per_epoch,
             f"streaming: {data_cfg.workers} tokenizer workers, shuffle buffer {data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens")
 
+# %% ../nbs/09_cli.ipynb #5f28ebf8
+def _warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int) -> None:
+    report = size_report(model_cfg, per_device_batch, _device_memory())
+    if not report["fits"]:
+        fix = (f"try --batch-size {report['fitting_batch'][0]} --gradient-accumulation-steps {report['fitting_batch'][1]} (per device)"
+               if report["fitting_batch"] else "choose a smaller model")
+        print(f"warning: training needs about {report['train_memory_bytes'] / 2**30:.1f} GiB per device but it has "
+              f"{report['device_memory_bytes'] / 2**30:.1f} GiB: {fix}")
+
 # %% ../nbs/09_cli.ipynb #f946cce7
 def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, steps_per_epoch, bpt) -> dict:
     evals = run.evals or [{"val_loss": None, "step": None}]
@@ -256,6 +265,7 @@ def run_train(args) -> dict:
     total_steps = train_cfg.total_steps(per_epoch / train_cfg.gradient_accumulation_steps if per_epoch else math.inf)
     mesh = make_mesh()
     check_batch_size(train_cfg.batch_size, mesh)
+    _warn_if_too_big(model_cfg, train_cfg.batch_size // mesh.devices.size)
     model, optimizer = init_model(model_cfg, train_cfg, total_steps)
     replicate(model, optimizer, mesh)
     config = {"model": model_cfg.to_dict(), "data": asdict(data_cfg), "train": train_cfg.to_dict()}
