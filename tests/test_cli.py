@@ -129,6 +129,7 @@ BAD_INPUT = {
     "target too small": (["--target-params", "1000"], "too small to build"),
     "target and dims": (["--target-params", "500000"], "--target-params decides the shape"),
     "prefer depth alone": (["--prefer-depth"], "--prefer-depth applies to --target-params"),
+    "kv heads": (["--num-kv-heads", "3"], "--num-kv-heads 3 does not divide --num-heads 2"),
 }
 
 def make_bad_files(tmp_path) -> dict:
@@ -276,3 +277,12 @@ def test_train_with_target_params(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "o" / "training_summary.json").read_text())
     assert abs(summary["model_params"] / 400_000 - 1) <= 0.05, summary["model_params"]
+
+
+def test_grouped_query_attention_trains_and_generates(tmp_path):
+    out = tmp_path / "o"
+    r = tiny_lm("train", *SMALL, "--num-kv-heads", "1", "--max-steps", "4", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "model_config.json").read_text())["n_kv_head"] == 1
+    g = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "KING", "--max-tokens", "5")
+    assert g.returncode == 0 and g.stdout.startswith("KING"), g.stderr

@@ -37,12 +37,12 @@ __all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'run_train', 'run_generate', 'r
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
                "max_train_examples": int, "max_val_examples": int, "stride": int, "shuffle_buffer_size": int, "num_workers": int}
 _TOKENIZER_FLAGS = {"vocab_size": int, "min_vocab_size": int, "max_vocab_size": int, "tokenizer_train_examples": int}
-_MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "d_ff": int, "seq_len": int, "activation": str}
-_SHAPE_FLAGS = ("d_model", "num_layers", "num_heads", "d_ff")  # what --model-preset and --target-params decide
+_MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "num_kv_heads": int, "d_ff": int, "seq_len": int, "activation": str}
+_SHAPE_FLAGS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")  # what --target-params decides
 _TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_rate": float, "weight_decay": float,
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int}
-_MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head"}
+_MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
 _HELP = {
     "dataset_id": "builtin:python-stdlib, a local .txt/.jsonl/.json/.parquet/.csv file or folder (.gz too), or a hub dataset id (default: builtin:python-stdlib)",
     "dataset_config": "hub dataset configuration (subset) name (default: none)",
@@ -59,7 +59,9 @@ _HELP = {
     "max_vocab_size": "largest size --auto-vocab-size may choose (default: 16384)",
     "tokenizer_train_examples": "documents the tokenizer is trained on (default: 20000)",
     "d_model": "model width (default: the preset's)", "num_layers": "transformer blocks (default: the preset's)",
-    "num_heads": "attention heads (default: the preset's)", "d_ff": "MLP hidden width (default: the preset's)",
+    "num_heads": "attention heads (default: the preset's)",
+    "num_kv_heads": "key/value heads for grouped-query attention; must divide --num-heads (default: --num-heads, plain multi-head)",
+    "d_ff": "MLP hidden width (default: the preset's)",
     "seq_len": "tokens of context (default: the preset's)", "activation": "MLP activation: gelu, relu or silu (default: the preset's)",
     "batch_size": "sequences per micro-batch (default: 16)",
     "gradient_accumulation_steps": "micro-batches per optimizer step (default: 1)",
@@ -113,6 +115,12 @@ def _check_size_flags(args) -> None:
         raise TinyLMError("--prefer-depth applies to --target-params: add --target-params N or leave it out")
     if args.target_params is not None:  # fail now, not after the tokenizer, when the target cannot be built
         target_config(args.target_params, getattr(args, "vocab_size", None) or 4096, prefer_depth=args.prefer_depth)
+
+def _resize(base: ModelConfig, overrides: dict, **fields) -> ModelConfig:
+    "`base` with the flags' `overrides`; widths derived from a changed width or head count are derived again unless given."
+    derived = {"d_ff": "d_model", "n_kv_head": "n_head"}  # e.g. --d-model 256 alone gets SwiGLU's 8/3 · 256, not the preset's d_ff
+    reset = {k: None for k, source in derived.items() if source in overrides and k not in overrides}
+    return replace(base, **reset, **overrides, **fields)
 
 def _base_model(args, vocab_size: int) -> ModelConfig:
     "The preset, or the solved --target-params architecture, for `vocab_size` (before explicit overrides)."
@@ -258,7 +266,7 @@ def run_train(args) -> dict:
     bpt = bytes_per_token(tokenizer, islice(source.documents("val"), 500))
     print(f"tokenizer: {bpt:.2f} bytes per token on validation text; documents separated by {document_separator(tokenizer)[1]}")
     base = ModelConfig.from_dict(saved["model"]) if saved else _base_model(args, tokenizer.get_vocab_size())
-    model_cfg = replace(base, **model_over, vocab_size=tokenizer.get_vocab_size())
+    model_cfg = _resize(base, model_over, vocab_size=tokenizer.get_vocab_size())
     batches, val_batches, baseline, per_epoch, how_data = _prepare_data(source, tokenizer, data_cfg, model_cfg.seq_len, train_cfg, out, bpt)
     if per_epoch is None and train_cfg.epochs is not None:
         raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
@@ -323,7 +331,7 @@ def run_generate(args) -> str:
 def _size_parser(sub) -> None:
     p = sub.add_parser("size", help="print a model's shape, parameters and FLOPs per token without training it")
     _size_flags(p)
-    for name in ("d_model", "num_layers", "num_heads", "d_ff", "seq_len"):
+    for name in ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "seq_len"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=_HELP[name])
     p.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default: 4096)")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per micro-batch, for the memory estimate (default: 16)")
@@ -342,7 +350,7 @@ def run_size(args) -> dict:
     if args.batch_size < 1:
         raise TinyLMError(f"--batch-size must be at least 1, got {args.batch_size}")
     dtype = "bfloat16" if args.precision == "bf16" else "float32"
-    cfg = replace(_base_model(args, args.vocab_size), **_model_overrides(args), dtype=dtype)
+    cfg = _resize(_base_model(args, args.vocab_size), _model_overrides(args), dtype=dtype)
     report = size_report(cfg, args.batch_size, _device_memory())
     if args.json:
         print(json.dumps(report))

@@ -30,6 +30,7 @@ class ModelConfig:
     d_model: int = 128  # D: width of the residual stream
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # H: attention heads; D must be divisible by H
+    n_kv_head: int | None = None  # G: key/value heads shared by groups of H/G query heads (None: H, plain multi-head)
     d_ff: int | None = None  # F: MLP hidden width (None: 8/3·D rounded to 64 for SwiGLU, 4·D otherwise)
     use_rmsnorm: bool = True  # RMSNorm (True) or LayerNorm with bias (False)
     use_swiglu: bool = True  # SwiGLU MLP (True) or a two-matrix MLP with `activation` (False)
@@ -54,6 +55,10 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise TinyLMError(f"{name} {getattr(self, name)!r} is unknown: choose one of {', '.join(_DTYPES)}")
+        if self.n_kv_head is None:  # resolve the default so the saved config names the real count
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
+            raise TinyLMError(f"--num-kv-heads {self.n_kv_head} does not divide --num-heads {self.n_head}: use a divisor of {self.n_head} (1 is multi-query attention)")
         if self.d_ff is None:  # resolve the default so the saved config names the real width
             d_ff = 64 * math.ceil(8 * self.d_model / 3 / 64) if self.use_swiglu else 4 * self.d_model
             object.__setattr__(self, "d_ff", d_ff)
@@ -117,15 +122,17 @@ class Attention(nnx.Module):
     "Multi-head causal self-attention with optional RoPE."
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.qkv = _linear(cfg.d_model, 3 * cfg.d_model, cfg, rngs)
+        self.qkv = _linear(cfg.d_model, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, cfg, rngs)
         self.out = _linear(cfg.d_model, cfg.d_model, cfg, rngs, init=_residual_init(cfg))
 
     def __call__(self, x_BTD: jax.Array, rope_TK: tuple[jax.Array, jax.Array] | None) -> jax.Array:
         B, T, _ = x_BTD.shape
-        q_BTHK, k_BTHK, v_BTHK = jnp.split(self.qkv(x_BTD).reshape(B, T, 3 * self.cfg.n_head, self.cfg.head_dim), 3, axis=2)
+        H, G = self.cfg.n_head, self.cfg.n_kv_head
+        qkv_BTNK = self.qkv(x_BTD).reshape(B, T, H + 2 * G, self.cfg.head_dim)  # N = H + 2G heads
+        q_BTHK, k_BTGK, v_BTGK = jnp.split(qkv_BTNK, [H, H + G], axis=2)
         if rope_TK is not None:
-            q_BTHK, k_BTHK = apply_rope(q_BTHK, *rope_TK), apply_rope(k_BTHK, *rope_TK)
-        y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
+            q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope_TK), apply_rope(k_BTGK, *rope_TK)
+        y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, is_causal=True,
                                               implementation=attention_implementation(self.cfg))
         return self.out(y_BTHK.reshape(B, T, self.cfg.d_model))
 

@@ -22,7 +22,7 @@ def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
     return {
         "embedding": V * D,
         "positions": 0 if cfg.use_rope else T * D,
-        "attention": L * (3 * D * D + D * D),  # fused qkv, then the output projection
+        "attention": L * (D * (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim + D * D),  # fused q, k, v (G kv heads), then the output projection
         "mlp": L * (3 if cfg.use_swiglu else 2) * D * F,  # SwiGLU's gate is the third matrix
         "norms": (2 * L + 1) * norm,  # two per block, one before the head
         "lm_head": 0 if cfg.tie_embeddings else D * V,
@@ -155,7 +155,7 @@ def size_report(
     parts = param_breakdown(cfg)
     memory = train_memory_bytes(cfg, batch_size)
     report = {"params": param_count(cfg), "non_embedding_params": param_count(cfg) - parts["embedding"] - parts["positions"],
-              "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_head,
+              "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_kv_head,
               "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
               "flops_per_token": flops_per_token(cfg), "batch_size": batch_size, "train_memory_bytes": memory["total"],
               "device_memory_bytes": device_memory, "fits": None, "parts": parts, "memory": memory}
