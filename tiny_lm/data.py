@@ -594,31 +594,28 @@ class StreamingBatches:
         if self._pool is not None:
             self._pool.close()
 
-# %% ../nbs/03_data.ipynb #ac6ce91f
-def _snapshot(self) -> Callable[[], dict]:
-    "A cheap, frozen view of the state after the last batch; call it to get `state()`."
-    position, rest, buffer = dict(self._position), self._rest, list(self._buffer)
-    rng, done, spec, dtype = self._rng.bit_generator.state, self.batches_done, dict(self.spec), token_dtype(self.tokenizer.get_vocab_size())
-    return lambda: {"kind": "stream", "spec": spec, "position": position, "rng": rng, "batches": done,
-                    "rest": np.asarray(rest, dtype), "buffer": np.asarray(buffer, dtype).reshape(len(buffer), self.window)}
+    def snapshot(self) -> Callable[[], dict]:
+        "A cheap, frozen view of the state after the last batch; call it to get `state()`."
+        position, rest, buffer = dict(self._position), self._rest, list(self._buffer)
+        rng, done, spec, dtype = self._rng.bit_generator.state, self.batches_done, dict(self.spec), token_dtype(self.tokenizer.get_vocab_size())
+        return lambda: {"kind": "stream", "spec": spec, "position": position, "rng": rng, "batches": done,
+                        "rest": np.asarray(rest, dtype), "buffer": np.asarray(buffer, dtype).reshape(len(buffer), self.window)}
 
-def _state(self) -> dict:
-    "Everything needed to continue after the last batch: JSON-ready values and two arrays."
-    return self.snapshot()()
+    def state(self) -> dict:
+        "Everything needed to continue after the last batch: JSON-ready values and two arrays."
+        return self.snapshot()()
 
-def _load_state(self, state: dict) -> None:
-    "Continue from a `state()` (checked against this stream's settings)."
-    if state.get("kind") != "stream":
-        raise TinyLMError("the checkpoint holds no streaming data state (it was a cached run): resume with --no-streaming")
-    changed = {k: (v, self.spec[k]) for k, v in state["spec"].items() if self.spec.get(k) != v}
-    if changed:
-        raise TinyLMError("cannot resume the data stream with other settings (" + ", ".join(f"{k}: saved {a}, now {b}" for k, (a, b) in changed.items())
-                          + "): use the saved values, or start a new run")
-    self._position, self.batches_done = dict(state["position"]), int(state["batches"])
-    self._rest, self._buffer = np.asarray(state["rest"]), list(np.asarray(state["buffer"]))
-    self._rng.bit_generator.state = state["rng"]
-
-StreamingBatches.snapshot, StreamingBatches.state, StreamingBatches.load_state = _snapshot, _state, _load_state
+    def load_state(self, state: dict) -> None:
+        "Continue from a `state()` (checked against this stream's settings)."
+        if state.get("kind") != "stream":
+            raise TinyLMError("the checkpoint holds no streaming data state (it was a cached run): resume with --no-streaming")
+        changed = {k: (v, self.spec[k]) for k, v in state["spec"].items() if self.spec.get(k) != v}
+        if changed:
+            raise TinyLMError("cannot resume the data stream with other settings (" + ", ".join(f"{k}: saved {a}, now {b}" for k, (a, b) in changed.items())
+                              + "): use the saved values, or start a new run")
+        self._position, self.batches_done = dict(state["position"]), int(state["batches"])
+        self._rest, self._buffer = np.asarray(state["rest"]), list(np.asarray(state["buffer"]))
+        self._rng.bit_generator.state = state["rng"]
 
 # %% ../nbs/03_data.ipynb #c11491d1
 def eval_windows(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int) -> list[np.ndarray]:
