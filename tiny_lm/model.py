@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import jax
 import jax.numpy as jnp
@@ -15,12 +15,14 @@ from flax import nnx
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['ModelConfig', 'rope_angles', 'apply_rope', 'attention_implementation', 'Attention', 'MLP', 'Block', 'Transformer',
-           'count_params']
+__all__ = ['ATTENTION_KERNELS', 'PRECISIONS', 'ModelConfig', 'Linear', 'rope_angles', 'apply_rope', 'attention_implementation',
+           'describe_attention', 'splash_attention', 'causal_attention', 'Attention', 'MLP', 'Block', 'Transformer',
+           'count_params', 'default_precision', 'add_lora', 'merge_lora']
 
 # %% ../nbs/01_model.ipynb #33328025
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _ACTIVATIONS = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "silu": jax.nn.silu}
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "splash")
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -38,9 +40,12 @@ class ModelConfig:
     activation: str = "gelu"  # non-linearity of the two-matrix MLP: gelu, relu or silu
     rope_theta: float = 10_000.0  # RoPE base wavelength
     tie_embeddings: bool = True  # the output projection reuses the token embedding matrix
-    attention: str = "auto"  # attention kernel: auto, xla or cudnn (flash attention on Ampere and newer GPUs)
+    dropout_rate: float = 0.0  # dropout on the embeddings and on each residual branch while training (0: none)
+    attention: str = "auto"  # attention kernel: auto (the device's fastest), xla, cudnn or splash
     dtype: str = "float32"  # compute dtype: float32, or bfloat16 for mixed precision
     param_dtype: str = "float32"  # dtype the parameters are stored and updated in
+    lora_rank: int = 0  # r: rank of the LoRA adapters on every projection (0: no adapters)
+    lora_alpha: float | None = None  # adapters are scaled by alpha / r (None: alpha = r, a scale of 1)
 
     def __post_init__(self):
         if self.d_model % self.n_head:
@@ -50,8 +55,14 @@ class ModelConfig:
                 raise TinyLMError(f"model {name} must be positive, got {getattr(self, name)}")
         if self.activation not in _ACTIVATIONS:
             raise TinyLMError(f"--activation {self.activation!r} is unknown: choose one of {', '.join(_ACTIVATIONS)}")
-        if self.attention not in ("auto", "xla", "cudnn"):
-            raise TinyLMError(f"attention {self.attention!r} is unknown: choose auto, xla or cudnn")
+        if self.attention not in ATTENTION_KERNELS:
+            raise TinyLMError(f"attention {self.attention!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
+        if not 0 <= self.dropout_rate < 1:
+            raise TinyLMError(f"--dropout-rate must be in [0, 1), got {self.dropout_rate}: 0 disables dropout, 0.1 is usual for small data")
+        if not 0 <= self.lora_rank <= self.d_model:
+            raise TinyLMError(f"--lora-rank must be between 1 and the model width {self.d_model}, got {self.lora_rank}: 8 or 16 is usual")
+        if self.lora_alpha is not None and self.lora_alpha <= 0:
+            raise TinyLMError(f"--lora-alpha must be positive, got {self.lora_alpha}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise TinyLMError(f"{name} {getattr(self, name)!r} is unknown: choose one of {', '.join(_DTYPES)}")
@@ -67,6 +78,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         "K: width of one attention head."
         return self.d_model // self.n_head
+
+    @property
+    def lora_scale(self) -> float:
+        "α / r: the factor on every adapter's output."
+        return (self.lora_alpha or self.lora_rank) / self.lora_rank if self.lora_rank else 0.0
 
     def to_dict(self) -> dict:
         "Plain JSON types, as saved in `model_config.json`."
@@ -89,9 +105,20 @@ def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     kw = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype], rngs=rngs)
     return nnx.RMSNorm(cfg.d_model, **kw) if cfg.use_rmsnorm else nnx.LayerNorm(cfg.d_model, **kw)
 
-def _linear(d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None) -> nnx.Linear:
-    return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=init or _init(),
-                      dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype], rngs=rngs)
+class Linear(nnx.Linear):
+    "A bias-free `nnx.Linear`, plus an optional LoRA adapter (`cfg.lora_rank > 0`): `y = x·W + (α/r)·x·A·B`."
+    def __init__(self, d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None):
+        dtypes = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype])
+        super().__init__(d_in, d_out, use_bias=False, kernel_init=init or _init(), rngs=rngs, **dtypes)
+        self.lora = nnx.LoRA(d_in, cfg.lora_rank, d_out, rngs=rngs, **dtypes) if cfg.lora_rank else None  # B starts at zero
+        self.lora_scale = cfg.lora_scale
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = super().__call__(x)
+        return y if self.lora is None else y + self.lora_scale * self.lora(x)
+
+def _linear(d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None) -> Linear:
+    return Linear(d_in, d_out, cfg, rngs, init)
 
 # %% ../nbs/01_model.ipynb #95e43782
 def rope_angles(positions_T: jax.Array, head_dim: int, theta: float = 10_000.0) -> tuple[jax.Array, jax.Array]:
@@ -107,16 +134,64 @@ def apply_rope(x_BTHK: jax.Array, cos_TK: jax.Array, sin_TK: jax.Array) -> jax.A
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BTHK.dtype)
 
 # %% ../nbs/01_model.ipynb #14aab61c
-def attention_implementation(cfg: ModelConfig) -> str:
-    "The `implementation=` for `jax.nn.dot_product_attention`: 'cudnn' where it can run, else 'xla'."
-    if cfg.attention != "auto":
-        return cfg.attention
-    device = jax.devices()[0]
-    cc = getattr(device, "compute_capability", None)
-    cudnn_ok = (device.platform == "gpu" and cc is not None and float(cc) >= 8.0
-                and cfg.dtype in ("bfloat16", "float16")
-                and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128)
-    return "cudnn" if cudnn_ok else "xla"
+def _cudnn_ok(cfg: ModelConfig, device) -> bool:
+    cc = float(getattr(device, "compute_capability", 0) or 0)
+    return (device.platform == "gpu" and cc >= 8.0 and cfg.dtype in ("bfloat16", "float16")
+            and cfg.head_dim % 8 == 0 and cfg.head_dim <= (256 if cc >= 9.0 else 128))
+
+def attention_implementation(cfg: ModelConfig, seq_len: int | None = None, device=None, n_devices: int | None = None) -> str:
+    "The kernel attention runs with on `device` (default: this machine's): 'cudnn', 'splash' or 'xla' (see the table above)."
+    device = device or jax.devices()[0]
+    n_devices = n_devices or jax.device_count()
+    T = seq_len or cfg.seq_len
+    splash_ok = T % 128 == 0
+    if cfg.attention == "cudnn":
+        return "cudnn" if _cudnn_ok(cfg, device) else "xla"
+    if cfg.attention == "splash":
+        return "splash" if splash_ok else "xla"
+    if cfg.attention == "auto" and _cudnn_ok(cfg, device):
+        return "cudnn"
+    if cfg.attention == "auto" and device.platform == "tpu" and splash_ok and n_devices == 1:
+        return "splash"
+    return "xla"
+
+_KERNEL_NAMES = {"cudnn": "cuDNN flash attention", "splash": "Pallas splash attention", "xla": "XLA attention"}
+
+def describe_attention(cfg: ModelConfig) -> str:
+    "One line for the banner: the kernel chosen on this device, and why not a faster one."
+    kernel = attention_implementation(cfg)
+    why = {"auto": "fastest that qualifies here", "xla": "--no-flash-attention"}.get(cfg.attention, "requested")
+    if kernel == "xla" and cfg.attention == "auto":
+        device = jax.devices()[0]
+        why = ("no flash kernel on CPU" if device.platform == "cpu" else
+               "flash needs bf16 compute" if device.platform == "gpu" and cfg.dtype == "float32" else
+               "the shape or device does not qualify for a flash kernel")
+    elif kernel != cfg.attention and cfg.attention != "auto":
+        why = f"{cfg.attention} does not qualify here, fell back"
+    return f"attention: {_KERNEL_NAMES[kernel]} ({why})"
+
+def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, interpret: bool | None = None) -> jax.Array:
+    "Causal attention with the Pallas TPU splash kernel (interpreted off a TPU); T must be a multiple of 128."
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    B, T, H, K = q_BTHK.shape
+    G = k_BTGK.shape[2]
+    block = next(b for b in (512, 256, 128) if T % b == 0)
+    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block, block_kv_dkv=block,
+                          block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    mask = sm.MultiHeadMask([sm.CausalMask((T, T)) for _ in range(H // G)])
+    interpret = jax.devices()[0].platform != "tpu" if interpret is None else interpret
+    kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)  # J = H/G query heads per kv head
+    q_BGJTK = (q_BTHK / math.sqrt(K)).reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4)
+    k_BGTK, v_BGTK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
+    y_BGJTK = jax.vmap(jax.vmap(kernel))(q_BGJTK, k_BGTK, v_BGTK)
+    return y_BGJTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
+
+def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, kernel: str = "xla") -> jax.Array:
+    "Causal (grouped-query) attention with `kernel`: 'xla', 'cudnn' or 'splash'."
+    if kernel == "splash":
+        return splash_attention(q_BTHK, k_BTGK, v_BTGK)
+    return jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, is_causal=True, implementation=kernel)
 
 class Attention(nnx.Module):
     "Multi-head causal self-attention with optional RoPE."
@@ -132,8 +207,7 @@ class Attention(nnx.Module):
         q_BTHK, k_BTGK, v_BTGK = jnp.split(qkv_BTNK, [H, H + G], axis=2)
         if rope_TK is not None:
             q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope_TK), apply_rope(k_BTGK, *rope_TK)
-        y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, is_causal=True,
-                                              implementation=attention_implementation(self.cfg))
+        y_BTHK = causal_attention(q_BTHK, k_BTGK, v_BTGK, attention_implementation(self.cfg, T))
         return self.out(y_BTHK.reshape(B, T, self.cfg.d_model))
 
 # %% ../nbs/01_model.ipynb #8d102888
@@ -150,15 +224,21 @@ class MLP(nnx.Module):
         return self.down(h_BTF)
 
 # %% ../nbs/01_model.ipynb #b5bae276
+def _split(key: jax.Array | None, n: int) -> list:
+    "`n` independent keys from `key` (None: n Nones, dropout off)."
+    return [None] * n if key is None else list(jax.random.split(key, n))
+
 class Block(nnx.Module):
     "One pre-norm Transformer block: attention then MLP, each added to the residual stream."
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.attn_norm, self.attn = _norm(cfg, rngs), Attention(cfg, rngs=rngs)
         self.mlp_norm, self.mlp = _norm(cfg, rngs), MLP(cfg, rngs=rngs)
+        self.dropout = nnx.Dropout(cfg.dropout_rate)  # no random state of its own: keys come with the call
 
-    def __call__(self, x_BTD: jax.Array, rope_TK) -> jax.Array:
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), rope_TK)
-        return x_BTD + self.mlp(self.mlp_norm(x_BTD))
+    def __call__(self, x_BTD: jax.Array, rope_TK, dropout_key: jax.Array | None = None) -> jax.Array:
+        attn_key, mlp_key = _split(dropout_key, 2)
+        x_BTD = x_BTD + self.dropout(self.attn(self.attn_norm(x_BTD), rope_TK), deterministic=attn_key is None, rngs=attn_key)
+        return x_BTD + self.dropout(self.mlp(self.mlp_norm(x_BTD)), deterministic=mlp_key is None, rngs=mlp_key)
 
 # %% ../nbs/01_model.ipynb #594efda0
 class Transformer(nnx.Module):
@@ -171,8 +251,10 @@ class Transformer(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layer)])
         self.norm = _norm(cfg, rngs)
         self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, cfg, rngs)
+        self.dropout = nnx.Dropout(cfg.dropout_rate)
 
-    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+    def __call__(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+        "Logits; dropout is applied only when a `dropout_key` is given (training)."
         T = tokens_BT.shape[1]
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's seq_len {self.cfg.seq_len}")
@@ -181,13 +263,42 @@ class Transformer(nnx.Module):
         rope_TK = rope_angles(positions_T, self.cfg.head_dim, self.cfg.rope_theta) if self.cfg.use_rope else None
         if self.pos_embed is not None:
             x_BTD = x_BTD + self.pos_embed(positions_T)[None]
-        for block in self.blocks:
-            x_BTD = block(x_BTD, rope_TK)
+        embed_key, *block_keys = _split(dropout_key, len(self.blocks) + 1)
+        x_BTD = self.dropout(x_BTD, deterministic=embed_key is None, rngs=embed_key)
+        for block, key in zip(self.blocks, block_keys):
+            x_BTD = block(x_BTD, rope_TK, key)
         x_BTD = self.norm(x_BTD)
         logits_BTV = self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)
         return logits_BTV.astype(jnp.float32)
 
 # %% ../nbs/01_model.ipynb #44e13939
-def count_params(model: nnx.Module) -> int:
-    "Number of trainable parameters in `model`."
-    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+def count_params(model: nnx.Module, wrt=nnx.Param) -> int:
+    "Number of parameters of kind `wrt` in `model` (default: all of them, adapters included; `nnx.LoRAParam`: adapters only)."
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, wrt)))
+
+# %% ../nbs/01_model.ipynb #a2ab7de5
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
+
+def default_precision(device=None) -> str:
+    "The compute dtype for `device` (default: this machine's first): 'bfloat16' on TPUs and GPUs of compute capability ≥ 8.0, else 'float32'."
+    device = device or jax.devices()[0]
+    cc = float(getattr(device, "compute_capability", 0) or 0)
+    return "bfloat16" if device.platform == "tpu" or (device.platform == "gpu" and cc >= 8.0) else "float32"
+
+# %% ../nbs/01_model.ipynb #2f056b89
+def add_lora(model: Transformer, rank: int, alpha: float | None = None, seed: int = 0) -> Transformer:
+    "A copy of `model` with fresh LoRA adapters of rank `rank` on every projection; it computes the same logits until trained."
+    adapted = Transformer(replace(model.cfg, lora_rank=rank, lora_alpha=alpha), rngs=nnx.Rngs(seed))
+    nnx.update(adapted, nnx.state(model, nnx.Not(nnx.LoRAParam)))
+    return adapted
+
+def merge_lora(model: Transformer) -> Transformer:
+    "A plain `Transformer` (no adapters) whose weights are `W + (α/r)·A·B`: the same logits as `model`."
+    merged = nnx.eval_shape(lambda: Transformer(replace(model.cfg, lora_rank=0, lora_alpha=None), rngs=nnx.Rngs(0)))
+    nnx.update(merged, nnx.state(model, nnx.Not(nnx.LoRAParam)))
+    adapted = {path: m for path, m in nnx.iter_modules(model) if isinstance(m, Linear) and m.lora is not None}
+    for path, m in nnx.iter_modules(merged):
+        if path in adapted:
+            a = adapted[path]
+            m.kernel.value = a.kernel.value + a.lora_scale * (a.lora.lora_a.value @ a.lora.lora_b.value).astype(a.kernel.value.dtype)
+    return merged

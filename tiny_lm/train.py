@@ -96,35 +96,40 @@ def make_optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransfor
 def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int) -> tuple[Transformer, nnx.Optimizer]:
     "A freshly initialized model and its optimizer."
     model = Transformer(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
-    return model, nnx.Optimizer(model, make_optimizer(train_cfg, total_steps), wrt=nnx.Param)
+    wrt = nnx.LoRAParam if model_cfg.lora_rank else nnx.Param  # LoRA: the adapters alone train
+    return model, nnx.Optimizer(model, make_optimizer(train_cfg, total_steps), wrt=wrt)
 
-def loss_fn(model: Transformer, batch_BT: jax.Array) -> jax.Array:
-    "Mean next-token cross-entropy (nats) of a batch of `seq_len + 1` windows."
-    logits_BTV = model(batch_BT[:, :-1])
+def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    "Mean next-token cross-entropy (nats) of a batch of `seq_len + 1` windows (dropout on when given a key)."
+    logits_BTV = model(batch_BT[:, :-1], dropout_key=dropout_key)
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, batch_BT[:, 1:]).mean()
 
 # %% ../nbs/04_train.ipynb #44f576fc
-def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int):
-    "Mean loss and parameter gradients over `accum_steps` micro-batches of `batch_BT`."
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    grad_fn = jax.value_and_grad(lambda params, b: loss_fn(nnx.merge(graphdef, params, rest), b))
+def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param, dropout_key: jax.Array | None = None):
+    "Mean loss and gradients (of the `wrt` parameters) over `accum_steps` micro-batches of `batch_BT`."
+    graphdef, params, rest = nnx.split(model, wrt, ...)
+    grad_fn = jax.value_and_grad(lambda params, b, key: loss_fn(nnx.merge(graphdef, params, rest), b, key))
     if accum_steps == 1:
-        return grad_fn(params, batch_BT)
+        return grad_fn(params, batch_BT, dropout_key)
     micro_ABT = batch_BT.reshape(accum_steps, -1, batch_BT.shape[-1])
-    def body(carry, micro_BT):
-        return jax.tree.map(jnp.add, carry, grad_fn(params, micro_BT)), None
+    def body(carry, xs):
+        micro_BT, i = xs
+        key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+        return jax.tree.map(jnp.add, carry, grad_fn(params, micro_BT, key)), None
     zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-    (loss, grads), _ = jax.lax.scan(body, zeros, micro_ABT)
+    (loss, grads), _ = jax.lax.scan(body, zeros, (micro_ABT, jnp.arange(accum_steps)))
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
-def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1):
+def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0):
     "A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the initial state."
     graphdef, state = nnx.split((model, optimizer))
+    use_dropout = model.cfg.dropout_rate > 0
 
     @partial(jax.jit, donate_argnums=0)
     def train_step(state, batch_BT):
         model, optimizer = nnx.merge(graphdef, state)
-        loss, grads = _grads(model, batch_BT, accum_steps)
+        key = jax.random.fold_in(jax.random.key(seed), optimizer.step[...]) if use_dropout else None
+        loss, grads = _grads(model, batch_BT, accum_steps, optimizer.wrt, key)
         optimizer.update(model, grads)
         return nnx.state((model, optimizer)), {"loss": loss, "grad_norm": optax.global_norm(grads)}
     return train_step, state
@@ -198,7 +203,7 @@ def fit(
     log: Callable = print,  # where evaluation lines go
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
-    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps)
+    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed)
     eval_step, schedule = make_eval_step(model, optimizer), lr_schedule(cfg, total_steps)
     run = TrainLog(tokens_per_step=cfg.sequences_per_step * model.cfg.seq_len, start_step=start_step)
     bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
