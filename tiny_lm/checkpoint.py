@@ -21,10 +21,15 @@ from .model import ModelConfig, Transformer
 from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
-__all__ = ['STEP_PREFIX', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore', 'load_checkpoint']
+__all__ = ['STEP_PREFIX', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore',
+           'run_meta', 'restore_weights', 'load_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
+
+def saved_state(model: nnx.Module) -> nnx.State:
+    "What a checkpoint holds of `model`: all its parameters, or only the adapters of a LoRA model."
+    return nnx.state(model, nnx.LoRAParam) if getattr(model, "cfg", None) is not None and model.cfg.lora_rank else nnx.state(model)
 
 class Checkpointer:
     "Orbax checkpoints of a run in `directory`/checkpoint_step_N; callable as `fit`'s `checkpoint`."
@@ -42,14 +47,14 @@ class Checkpointer:
         "Committed steps, oldest first."
         return sorted(self.manager.all_steps())
 
-    def __call__(self, step: int, model: nnx.Module, optimizer: nnx.Optimizer, metrics: dict | None = None,
+    def __call__(self, step: int, model: nnx.Module, optimizer: nnx.Optimizer | None, metrics: dict | None = None,
                  data: dict | None = None) -> None:
         "Start an asynchronous save of `step` (with the data pipeline's `data` state, if any); returns once the arrays are copied off the devices."
         metrics = {k: v for k, v in (metrics or {}).items() if v is not None}
-        items = dict(
-            model=ocp.args.StandardSave(nnx.state(model)),
-            optimizer=ocp.args.StandardSave(nnx.state(optimizer)),
-            meta=ocp.args.JsonSave({**self.meta, "step": step, "metrics": metrics}))
+        items = dict(model=ocp.args.StandardSave(saved_state(model)),
+                     meta=ocp.args.JsonSave({**self.meta, "step": step, "metrics": metrics}))
+        if optimizer is not None:  # None: weights only (a merged model for generation and export)
+            items["optimizer"] = ocp.args.StandardSave(nnx.state(optimizer))
         if data is not None:
             items["data"] = DataStateSave(data)
         self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics if "val_loss" in metrics else None, force=True)
@@ -93,9 +98,9 @@ class DataStateRestore(ocp.args.CheckpointArgs):
     "Restore this process's data-pipeline state."
 
 # %% ../nbs/06_checkpoint.ipynb #9c33e439
-def _targets(node: nnx.Module | nnx.Optimizer):
-    "Shape, dtype and sharding of every array in `node`: what Orbax restores into."
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), nnx.state(node))
+def _targets(state: nnx.State):
+    "Shape, dtype and sharding of every array in `state`: what Orbax restores into."
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), state)
 
 def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | None = None, step: int | None = None) -> dict:
     "Restore the newest readable step (or `step`) into `model` (and `optimizer`); returns its meta record (with the data state under 'data')."
@@ -104,9 +109,9 @@ def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | No
         raise TinyLMError(f"no checkpoint in {ckpt.directory}: train first with tiny-lm train --output-dir {ckpt.directory}")
     errors = []
     for s in candidates:
-        items = dict(model=ocp.args.StandardRestore(_targets(model)), meta=ocp.args.JsonRestore())
+        items = dict(model=ocp.args.StandardRestore(_targets(saved_state(model))), meta=ocp.args.JsonRestore())
         if optimizer is not None:
-            items["optimizer"] = ocp.args.StandardRestore(_targets(optimizer))
+            items["optimizer"] = ocp.args.StandardRestore(_targets(nnx.state(optimizer)))
         if (ckpt.directory / f"{STEP_PREFIX}_{s}" / "data").is_dir():
             items["data"] = DataStateRestore()
         try:
@@ -134,20 +139,45 @@ def _locate(path: Path) -> tuple[Path, int | None]:
         raise TinyLMError(f"checkpoint folder {path} does not exist: pass the --output-dir of a training run")
     return path, None
 
-def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer, ModelConfig]:
-    "Load `(model, tokenizer, model_config)` from a training run's folder or one of its checkpoint_step_N folders."
+def run_meta(path: str | Path) -> tuple[Path, int, dict]:
+    "`(run folder, step, meta record)` of a run folder's newest step, or of the checkpoint_step_N folder `path` names."
     root, step = _locate(Path(path).expanduser())
     ckpt = Checkpointer(root, read_only=True)
     step = step if step is not None else (ckpt.steps() or [None])[-1]
     if step is None:
         raise TinyLMError(f"no checkpoint in {root}: train first with tiny-lm train --output-dir {root}")
     meta = ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    ckpt.close()
+    return root, step, meta
+
+def restore_weights(path: str | Path, model: Transformer) -> dict:
+    "Copy a run's weights (its newest step, or the checkpoint_step_N folder `path` names) into `model`'s base parameters; returns `{'path', 'step'}`."
+    root, step, meta = run_meta(path)
+    if ModelConfig.from_dict(meta["config"]["model"]).lora_rank:
+        raise TinyLMError(f"{root} is a LoRA run, not a base model: start from its merged model instead (train it with --merge-lora and use {root / 'merged'})")
+    ckpt = Checkpointer(root, read_only=True)
+    base = nnx.state(model, nnx.Not(nnx.LoRAParam))
+    restored = ckpt.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(base))))["model"]
+    ckpt.close()
+    nnx.update(model, restored)
+    return {"path": str(root), "step": step}
+
+def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer, ModelConfig]:
+    "Load `(model, tokenizer, model_config)` from a training run's folder or one of its checkpoint_step_N folders (a LoRA run loads its base too)."
+    root, step, meta = run_meta(path)
     cfg = ModelConfig.from_dict(meta["config"]["model"])
     tokenizer = load_tokenizer(root / "tokenizer.json")
     if meta.get("tokenizer_fingerprint") not in (None, tokenizer_fingerprint(tokenizer)):
         raise TinyLMError(f"{root / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with (was it retrained?): restore the original tokenizer.json")
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    graphdef, abstract = nnx.split(model)
-    restored = ckpt.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(abstract)))["model"]
+    if cfg.lora_rank:  # adapters only: the frozen weights come from the base run
+        base = meta["config"].get("init_from") or {}
+        try:
+            restore_weights(Path(base["path"]) / f"{STEP_PREFIX}_{base['step']}", model)
+        except (TinyLMError, KeyError) as e:
+            raise TinyLMError(f"{root} holds LoRA adapters for base run {base.get('path')} step {base.get('step')}, which cannot be read ({e}): restore that checkpoint, or retrain with --merge-lora for a standalone model") from None
+    ckpt = Checkpointer(root, read_only=True)
+    restored = ckpt.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(saved_state(model)))))["model"]
     ckpt.close()
-    return nnx.merge(graphdef, restored), tokenizer, cfg
+    nnx.update(model, restored)
+    return model, tokenizer, cfg
