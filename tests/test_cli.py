@@ -130,6 +130,13 @@ BAD_INPUT = {
     "target and dims": (["--target-params", "500000"], "--target-params decides the shape"),
     "prefer depth alone": (["--prefer-depth"], "--prefer-depth applies to --target-params"),
     "kv heads": (["--num-kv-heads", "3"], "--num-kv-heads 3 does not divide --num-heads 2"),
+    "dropout too high": (["--dropout-rate", "1"], "--dropout-rate must be in [0, 1)"),
+    "dropout negative": (["--dropout-rate", "-0.1"], "--dropout-rate must be in [0, 1)"),
+    "precision clash": (["--precision", "fp32", "--use-mixed-precision"], "--use-mixed-precision means --precision bf16"),
+    "lora without a base": (["--use-lora"], "add --init-from RUN_DIR"),
+    "lora flag without lora": (["--lora-rank", "4"], "--lora-rank applies to LoRA fine-tuning"),
+    "init-from not a run": (["--init-from", "NOTARUN"], "is not a training run"),
+    "init-from missing": (["--init-from", "/no/such/run"], "does not exist"),
 }
 
 def make_bad_files(tmp_path) -> dict:
@@ -143,6 +150,8 @@ def make_bad_files(tmp_path) -> dict:
     (tmp_path / "tiny.txt").write_text("a few words.\n\nand a few more.\n\n" * 3)
     (tmp_path / "bad.parquet").write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
     (tmp_path / "bad.txt.gz").write_bytes(b"\x1f\x8b\x08\x00garbage that is not deflate data")
+    (tmp_path / "not_a_run").mkdir()
+    files["NOTARUN"] = "not_a_run"
     return {k: str(tmp_path / v) for k, v in files.items()}
 
 
@@ -286,3 +295,90 @@ def test_grouped_query_attention_trains_and_generates(tmp_path):
     assert json.loads((out / "model_config.json").read_text())["n_kv_head"] == 1
     g = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "KING", "--max-tokens", "5")
     assert g.returncode == 0 and g.stdout.startswith("KING"), g.stderr
+
+
+FINETUNE = ["--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body", "--batch-size", "8",
+            "--eval-every", "3", "--save-every", "3", "--no-progress"]
+
+
+@pytest.mark.parametrize("case", ["dims", "tokenizer", "same folder", "rank 0", "rank too big", "alpha", "both init and resume"])
+def test_bad_fine_tuning_flags(trained, tmp_path, case):
+    """Each is refused in one line, exit 2, before anything is written (base run and new folder untouched)."""
+    out, _ = trained
+    new = tmp_path / "new"
+    args, message = {
+        "dims": (["--d-model", "64"], "leave out --d-model"),
+        "tokenizer": (["--vocab-size", "512"], "leave out --vocab-size"),
+        "same folder": (["--output-dir", str(out)], "is the run --init-from reads"),
+        "rank 0": (["--use-lora", "--lora-rank", "0"], "--lora-rank must be between 1 and the model width"),
+        "rank too big": (["--use-lora", "--lora-rank", "33"], "between 1 and the model width 32"),
+        "alpha": (["--use-lora", "--lora-alpha", "0"], "--lora-alpha must be positive"),
+        "both init and resume": (["--resume-from", str(out)], "give only one of them"),
+    }[case]
+    before = snapshot(out)
+    r = tiny_lm("train", "--init-from", str(out), *FINETUNE, "--max-steps", "2", "--output-dir", str(new), *args)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert snapshot(out) == before and not new.exists()
+
+
+def test_lora_fine_tune_resume_merge_generate(trained, tmp_path):
+    """LoRA from a trained run: adapters only train and are stored; kill-and-resume equals no interruption; merged == adapted."""
+    out, _ = trained
+    lora = ["--init-from", str(out), "--use-lora", "--lora-rank", "4", "--dropout-rate", "0.1", *FINETUNE]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    r = tiny_lm("train", *lora, "--max-steps", "6", "--merge-lora", "--output-dir", str(whole))
+    assert r.returncode == 0, r.stderr
+    assert "with LoRA rank 4" in r.stdout and "frozen base parameters" in r.stdout
+    summary = json.loads((whole / "training_summary.json").read_text())
+    # d_model 32, 2 heads (qkv 96 wide), d_ff 128, 1 layer: r · (d_in + d_out) over qkv, out, up, gate, down
+    assert summary["trainable_params"] == 4 * ((32 + 96) + (32 + 32) + 3 * (32 + 128))
+    assert summary["init_from"]["path"] == str(out.absolute()) and summary["merged_model"].endswith("merged")
+    assert (whole / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
+
+    def size(folder):
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    for item in ("model", "optimizer"):  # adapters (and their Adam moments) only
+        assert size(whole / "checkpoint_step_6" / item) < size(out / "checkpoint_step_80" / item) / 3, item
+
+    shutil.copytree(whole, split)
+    shutil.rmtree(split / "checkpoint_step_6")  # the machine died after step 3
+    r = tiny_lm("train", "--resume-from", str(split), "--output-dir", str(split), "--no-progress")
+    assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
+    check = """
+import sys, numpy as np, jax
+from flax import nnx
+from tiny_lm import load_checkpoint
+a, b, m = (load_checkpoint(p)[0] for p in sys.argv[1:4])
+for x, y in zip(jax.tree.leaves(nnx.state(a, nnx.LoRAParam)), jax.tree.leaves(nnx.state(b, nnx.LoRAParam))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+tokens = np.arange(1, 17)[None]
+np.testing.assert_allclose(np.asarray(m(tokens)), np.asarray(a(tokens)), atol=1e-5)
+assert m.cfg.lora_rank == 0 and a.cfg.lora_rank == 4
+print("same")
+"""
+    r = subprocess.run([sys.executable, "-c", check, str(whole), str(split), str(whole / "merged")], capture_output=True, text=True, env=ENV)
+    assert r.stdout.strip() == "same", r.stderr
+    texts = [tiny_lm("generate", "--checkpoint", str(c), "--prompt", "Speak", "--max-tokens", "8", "--temperature", "0").stdout
+             for c in (whole, whole / "merged")]
+    assert texts[0] == texts[1] and texts[0].startswith("Speak"), texts
+
+
+def test_full_fine_tune_and_precision_flag(trained, tmp_path):
+    out, _ = trained
+    r = tiny_lm("train", "--init-from", str(out), *FINETUNE, "--max-steps", "2", "--precision", "bf16", "--output-dir", str(tmp_path / "ft"))
+    assert r.returncode == 0, r.stderr
+    assert "fine-tuning all weights" in r.stdout and "compute: bfloat16" in r.stdout
+    summary = json.loads((tmp_path / "ft" / "training_summary.json").read_text())
+    assert summary["trainable_params"] == summary["model_params"]
+    assert json.loads((tmp_path / "ft" / "model_config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_size_measures_the_token_budget():
+    r = tiny_lm("size", "--model-preset", "nano", "--batch-size", "4", "--measure", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["compute_optimal_tokens"] == 20 * report["params"] and report["measured_tokens_per_sec"] > 0
+    assert report["compute_optimal_seconds"] == pytest.approx(report["compute_optimal_tokens"] / report["measured_tokens_per_sec"])
+    gqa = json.loads(tiny_lm("size", "--target-params", "20000000", "--num-kv-heads", "2", "--json").stdout)
+    assert gqa["num_kv_heads"] == 2 and abs(gqa["params"] / 2e7 - 1) <= 0.05

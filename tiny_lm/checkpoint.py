@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -26,6 +27,14 @@ __all__ = ['STEP_PREFIX', 'saved_state', 'Checkpointer', 'DataStateHandler', 'Da
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
+
+class _QuietReadOnly(logging.Filter):
+    "Orbax warns each time a manager is opened read-only, which is how tiny-lm reads runs: drop those two lines."
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "read_only=True" not in message and "directory is read only" not in message
+
+logging.getLogger("absl").addFilter(_QuietReadOnly())
 
 def saved_state(model: nnx.Module) -> nnx.State:
     "What a checkpoint holds of `model`: all its parameters, or only the adapters of a LoRA model."
@@ -142,6 +151,8 @@ def _locate(path: Path) -> tuple[Path, int | None]:
 def run_meta(path: str | Path) -> tuple[Path, int, dict]:
     "`(run folder, step, meta record)` of a run folder's newest step, or of the checkpoint_step_N folder `path` names."
     root, step = _locate(Path(path).expanduser())
+    if not any(root.glob(f"{STEP_PREFIX}_*")):  # before Orbax, which would log warnings about a folder that is no run
+        raise TinyLMError(f"no checkpoint in {root}: train first with tiny-lm train --output-dir {root}")
     ckpt = Checkpointer(root, read_only=True)
     step = step if step is not None else (ckpt.steps() or [None])[-1]
     if step is None:

@@ -18,26 +18,29 @@ from itertools import islice
 from pathlib import Path
 
 import numpy as np
+from flax import nnx
 
-from .checkpoint import STEP_PREFIX, Checkpointer, load_checkpoint, restore
+from .checkpoint import STEP_PREFIX, Checkpointer, load_checkpoint, restore, restore_weights, run_meta
 from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_tokens, load_tokens, open_source,
                           token_dtype, tokenize_documents, unigram_loss)
 from .generate import generate
-from .model import ModelConfig, count_params
+from .model import PRECISIONS, ModelConfig, count_params, default_precision, describe_attention, merge_lora
 from .parallel import batch_put, check_batch_size, device_banner, device_info, make_mesh, replicate
-from .sizing import PRESET_LABELS, PRESETS, preset_config, size_report, target_config
+from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
-from .train import TrainConfig, fit, init_model
+from .train import TrainConfig, fit, init_model, make_train_step
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'run_train', 'run_generate', 'run_size', 'run_bench_data', 'main']
+__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'run_train', 'run_generate', 'run_size', 'measure_speed', 'run_bench_data',
+           'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
                "max_train_examples": int, "max_val_examples": int, "stride": int, "shuffle_buffer_size": int, "num_workers": int}
 _TOKENIZER_FLAGS = {"vocab_size": int, "min_vocab_size": int, "max_vocab_size": int, "tokenizer_train_examples": int}
-_MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "num_kv_heads": int, "d_ff": int, "seq_len": int, "activation": str}
+_MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "num_kv_heads": int, "d_ff": int, "seq_len": int, "activation": str,
+                "dropout_rate": float}
 _SHAPE_FLAGS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")  # what --target-params decides
 _TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_rate": float, "weight_decay": float,
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
@@ -63,6 +66,7 @@ _HELP = {
     "num_kv_heads": "key/value heads for grouped-query attention; must divide --num-heads (default: --num-heads, plain multi-head)",
     "d_ff": "MLP hidden width (default: the preset's)",
     "seq_len": "tokens of context (default: the preset's)", "activation": "MLP activation: gelu, relu or silu (default: the preset's)",
+    "dropout_rate": "dropout on the embeddings and residual branches while training, in [0, 1); off in evaluation and generation (default: 0)",
     "batch_size": "sequences per micro-batch (default: 16)",
     "gradient_accumulation_steps": "micro-batches per optimizer step (default: 1)",
     "learning_rate": "peak learning rate after warmup (default: 3e-3)", "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
@@ -91,9 +95,16 @@ def _train_parser(sub) -> None:
     g.add_argument("--retrain-tokenizer", action="store_true", help="train a new tokenizer even if tokenizer.json exists")
     g.add_argument("--tokenizer-path", default=None, help="use this tokenizer.json instead of training one")
     for flag, what in [("rmsnorm", "LayerNorm instead of RMSNorm"), ("swiglu", "a GELU/--activation MLP instead of SwiGLU"),
-                       ("rope", "learned positions instead of RoPE"), ("flash-attention", "XLA attention, never cuDNN flash attention")]:
-        g.add_argument(f"--no-{flag}", action="store_true", help=f"use {what}")
-    g.add_argument("--use-mixed-precision", action="store_true", help="compute in bfloat16 (parameters stay float32)")
+                       ("rope", "learned positions instead of RoPE"),
+                       ("flash-attention", "plain XLA attention instead of the device's flash kernel (cuDNN on GPUs, Pallas splash on TPUs)")]:
+        g.add_argument(f"--no-{flag}", action="store_true", help=f"use {what} (default: off)")
+    _precision_flags(g)
+    f = p.add_argument_group("fine-tuning")
+    f.add_argument("--init-from", default=None, help="start from this run's weights (its folder, newest step, or a checkpoint_step_N folder) with a fresh optimizer and schedule; its tokenizer and architecture are reused (default: none, train from scratch)")
+    f.add_argument("--use-lora", action="store_true", help="with --init-from: train low-rank adapters on every attention and MLP projection, base weights frozen (default: off, full fine-tuning)")
+    f.add_argument("--lora-rank", type=int, default=None, help="rank r of the LoRA adapters, 1 to the model width (default: 8)")
+    f.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale numerator: adapters are scaled by alpha / r (default: r, a scale of 1)")
+    f.add_argument("--merge-lora", action="store_true", help="with --use-lora: also write OUTPUT_DIR/merged, a standalone model with the adapters folded in (default: off)")
     g.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go")
     g.add_argument("--resume-from", default=None, help="a run folder to continue from its newest checkpoint")
     g.add_argument("--sample-prompt", default="", help="prompt of the sample printed at the end")
@@ -106,15 +117,30 @@ def _size_flags(g) -> None:
     g.add_argument("--target-params", type=int, default=None, help="build an architecture with about this many parameters, embedding included (±5%%) (default: use the preset)")
     g.add_argument("--prefer-depth", action="store_true", help="with --target-params: deeper and narrower (d_model / layers near 32 instead of 64) (default: off)")
 
+def _precision_flags(g) -> None:
+    g.add_argument("--precision", choices=["auto", *PRECISIONS], default=None,
+                   help="compute precision (parameters stay fp32): auto = bf16 on TPUs and GPUs of compute capability ≥ 8.0, fp32 on CPUs and T4s (default: auto)")
+    g.add_argument("--use-mixed-precision", action="store_true", help="compute in bf16: the same as --precision bf16 (default: off, see --precision)")
+
+def _precision(args) -> str | None:
+    "The compute dtype the flags ask for, or None for the device's default."
+    precision = getattr(args, "precision", None)
+    if getattr(args, "use_mixed_precision", False):
+        if precision == "fp32":
+            raise TinyLMError("--use-mixed-precision means --precision bf16: leave out one of them")
+        precision = "bf16"
+    return PRECISIONS.get(precision) if precision not in (None, "auto") else None
+
 def _check_size_flags(args) -> None:
     "The size flags exclude each other; checked before any slow work."
-    shape = [f"--{k.replace('_', '-')}" for k in _SHAPE_FLAGS if getattr(args, k, None) is not None]
+    shape = [f"--{k.replace('_', '-')}" for k in _SHAPE_FLAGS if getattr(args, k, None) is not None and k != "num_kv_heads"]
     if args.target_params is not None and (args.model_preset or shape):
         raise TinyLMError(f"--target-params decides the shape: leave out {', '.join(shape or ['--model-preset'])}")
     if args.prefer_depth and args.target_params is None:
         raise TinyLMError("--prefer-depth applies to --target-params: add --target-params N or leave it out")
     if args.target_params is not None:  # fail now, not after the tokenizer, when the target cannot be built
-        target_config(args.target_params, getattr(args, "vocab_size", None) or 4096, prefer_depth=args.prefer_depth)
+        target_config(args.target_params, getattr(args, "vocab_size", None) or 4096, prefer_depth=args.prefer_depth,
+                      **({"n_kv_head": args.num_kv_heads} if args.num_kv_heads else {}))
 
 def _resize(base: ModelConfig, overrides: dict, **fields) -> ModelConfig:
     "`base` with the flags' `overrides`; widths derived from a changed width or head count are derived again unless given."
@@ -127,7 +153,7 @@ def _base_model(args, vocab_size: int) -> ModelConfig:
     if args.target_params is None:
         return preset_config(args.model_preset or "tiny", vocab_size)
     seq_len = args.seq_len or PRESETS["tiny"]["seq_len"]
-    switches = {k: v for k, v in _model_overrides(args).items() if k.startswith("use_")}
+    switches = {k: v for k, v in _model_overrides(args).items() if k.startswith("use_") or k == "n_kv_head"}
     return target_config(args.target_params, vocab_size, seq_len, prefer_depth=args.prefer_depth, **switches)
 
 # %% ../nbs/09_cli.ipynb #c8fbe040
@@ -140,7 +166,8 @@ def _model_overrides(args) -> dict:
     switches = dict(use_rmsnorm=not flag("no_rmsnorm"), use_swiglu=not flag("no_swiglu"), use_rope=not flag("no_rope"))
     over |= {k: v for k, v in switches.items() if v is False}
     if flag("no_flash_attention"): over["attention"] = "xla"
-    if flag("use_mixed_precision"): over["dtype"] = "bfloat16"
+    if _precision(args): over["dtype"] = _precision(args)
+    if flag("use_lora"): over |= {"lora_rank": 8 if args.lora_rank is None else args.lora_rank, "lora_alpha": args.lora_alpha}
     return over
 
 def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, TokenizerConfig, dict, TrainConfig]:
@@ -157,8 +184,19 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
     train = TrainConfig(**{**saved.get("train", {}), **train})
     model = _model_overrides(args)
     _check_size_flags(args)
-    if saved:
-        changed = {k: v for k, v in model.items() if saved["model"].get(k) != v}
+    lora_only = [f for f, given in [("--lora-rank", args.lora_rank is not None), ("--lora-alpha", args.lora_alpha is not None),
+                                    ("--merge-lora", args.merge_lora)] if given]
+    if lora_only and not args.use_lora:
+        raise TinyLMError(f"{', '.join(lora_only)} {'apply' if len(lora_only) > 1 else 'applies'} to LoRA fine-tuning: add --use-lora (with --init-from RUN_DIR) or leave {'them' if len(lora_only) > 1 else 'it'} out")
+    if args.use_lora and args.lora_rank is not None and args.lora_rank < 1:
+        raise TinyLMError(f"--lora-rank must be between 1 and the model width, got {args.lora_rank}: 8 or 16 is usual")
+    ModelConfig(**{k: v for k, v in model.items() if k in ("dropout_rate", "dtype", "attention", "lora_alpha")})  # checked now, not after the tokenizer
+    if args.use_lora and not args.init_from and not saved.get("init_from"):
+        raise TinyLMError("--use-lora fine-tunes a trained model: add --init-from RUN_DIR (the --output-dir of a finished run)")
+    if args.init_from and saved:
+        raise TinyLMError("--init-from starts a new run from another run's weights and --resume-from continues a run: give only one of them")
+    if saved:  # precision, dropout and the attention kernel may change on resume; the shapes may not
+        changed = {k: v for k, v in model.items() if saved["model"].get(k) != v and k not in ("dtype", "dropout_rate", "attention")}
         if changed or args.model_preset or args.target_params:
             raise TinyLMError(f"cannot change the architecture of a resumed run ({', '.join(changed) or '--model-preset'}): leave those flags out, or start a new run in another --output-dir")
     return data, tok, model, train
@@ -171,12 +209,36 @@ def _saved_run(resume_from: str | None) -> tuple[dict, Path | None]:
     root = Path(resume_from)
     if not root.is_dir():
         raise TinyLMError(f"--resume-from {root} does not exist: pass the --output-dir of an earlier run")
-    ckpt = Checkpointer(root, read_only=True)
-    if not ckpt.steps():
+    if not any(root.glob(f"{STEP_PREFIX}_*")) or not (ckpt := Checkpointer(root, read_only=True)).steps():
         raise TinyLMError(f"--resume-from {root} holds no checkpoint: train first, or leave --resume-from out")
     import orbax.checkpoint as ocp
     meta = ckpt.manager.restore(ckpt.steps()[-1], args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     return meta["config"], root
+
+_FIXED_BY_BASE = ["model_preset", "target_params", "prefer_depth", *_SHAPE_FLAGS, "seq_len", "activation", "no_rmsnorm", "no_swiglu",
+                  "no_rope", "vocab_size", "min_vocab_size", "max_vocab_size", "auto_vocab_size", "tokenizer_path", "retrain_tokenizer"]
+
+def _init_from(args) -> tuple[Path, int, dict] | None:
+    "The run `--init-from` names, as `(run folder, step, meta)`, after checking the flags that go with it (None without it)."
+    if args.init_from is None:
+        return None
+    path = Path(args.init_from)
+    if not path.is_dir():
+        raise TinyLMError(f"--init-from {path} does not exist: pass the --output-dir of a trained run")
+    try:
+        root, step, meta = run_meta(path)
+    except TinyLMError:
+        raise TinyLMError(f"--init-from {path} is not a training run (it holds no checkpoint): pass the --output-dir of a trained run") from None
+    fixed = [f"--{k.replace('_', '-')}" for k in _FIXED_BY_BASE if getattr(args, k, None) not in (None, False)]
+    if fixed:
+        raise TinyLMError(f"--init-from reuses the architecture and tokenizer of {root}: leave out {', '.join(fixed)}")
+    if Path(args.output_dir).resolve() == root.resolve():
+        raise TinyLMError(f"--output-dir {args.output_dir} is the run --init-from reads: write the fine-tuned run to another --output-dir")
+    base = ModelConfig.from_dict(meta["config"]["model"])
+    if base.lora_rank:
+        raise TinyLMError(f"--init-from {root} is a LoRA run: start from its merged model ({root / 'merged'}, written by --merge-lora)")
+    replace(base, **{k: v for k, v in _model_overrides(args).items() if k.startswith("lora")})  # a rank wider than the model fails here, before any slow work
+    return root, step, meta
 
 def _prepare_tokenizer(args, source, tok_cfg: TokenizerConfig, out: Path, resume_root: Path | None):
     "Reuse, copy or train the tokenizer; it ends up as out/tokenizer.json."
@@ -232,6 +294,41 @@ def _warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int) -> None:
         print(f"warning: training needs about {report['train_memory_bytes'] / 2**30:.1f} GiB per device but it has "
               f"{report['device_memory_bytes'] / 2**30:.1f} GiB: {fix}")
 
+# %% ../nbs/09_cli.ipynb #685e3f19
+def _load_base(model, init: tuple | None, saved: dict) -> dict | None:
+    "Copy the base run's weights into `model` for a new fine-tune, or for a resumed LoRA run; returns the base reference."
+    if init is not None:
+        ref = restore_weights(init[0] / f"{STEP_PREFIX}_{init[1]}", model)
+    elif saved.get("init_from") and model.cfg.lora_rank:  # a LoRA checkpoint holds no base weights
+        ref = saved["init_from"]
+        restore_weights(Path(ref["path"]) / f"{STEP_PREFIX}_{ref['step']}", model)
+    else:
+        return saved.get("init_from")
+    if model.cfg.lora_rank:
+        n_adapter, n_all = count_params(model, nnx.LoRAParam), count_params(model)
+        print(f"fine-tuning {ref['path']} step {ref['step']} with LoRA rank {model.cfg.lora_rank} (scale {model.cfg.lora_scale:g}): "
+              f"{n_adapter:,} adapter parameters train, {n_adapter / (n_all - n_adapter):.2%} of the {n_all - n_adapter:,} frozen base parameters")
+    else:
+        print(f"fine-tuning all weights of {ref['path']} step {ref['step']} with a fresh optimizer and schedule")
+    return ref
+
+def _write_merged(model, config: dict, tokenizer, out: Path, step: int) -> str:
+    "Fold the adapters into the weights and save the standalone model as `out/merged` (a run folder of its own)."
+    merged, folder = merge_lora(model), out / "merged"
+    shutil.rmtree(folder, ignore_errors=True)  # this run's own derived output, rewritten at each finish
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "model_config.json").write_text(json.dumps(merged.cfg.to_dict(), indent=2))
+    saver = Checkpointer(folder, meta={"config": {**config, "model": merged.cfg.to_dict()}, "merged_from": str(out.absolute()),
+                                       "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)})
+    saver(step, merged, None)
+    saver.close()
+    print(f"merged the adapters into a standalone model: {folder}")
+    return str(folder)
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
 # %% ../nbs/09_cli.ipynb #f946cce7
 def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, steps_per_epoch, bpt) -> dict:
     evals = run.evals or [{"val_loss": None, "step": None}]
@@ -246,6 +343,7 @@ def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, start
         "epochs": total_steps / train_cfg.gradient_accumulation_steps / steps_per_epoch if steps_per_epoch else None,
         "bytes_per_token": bpt, "data_wait_fraction": run.data_wait_fraction,
         "model_params": count_params(model), "output_dir": str(out),
+        "compute_optimal_tokens": TOKENS_PER_PARAM * param_count(replace(model_cfg, lora_rank=0)),
         "checkpoints": [f"{STEP_PREFIX}_{s}" for s in ckpt.steps()],
         "device_info": info,
     }
@@ -256,17 +354,21 @@ def run_train(args) -> dict:
     started = time.perf_counter()
     saved, resume_root = _saved_run(args.resume_from)
     data_cfg, tok_cfg, model_over, train_cfg = configs_from_args(args, saved)
+    init = _init_from(args)
     source = open_source(data_cfg)  # validates the dataset before anything is written
     info = device_info()
     print(device_banner(info))
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer, how = _prepare_tokenizer(args, source, tok_cfg, out, resume_root)
+    tokenizer, how = _prepare_tokenizer(args, source, tok_cfg, out, resume_root or (init and init[0]))
     print(how)
     bpt = bytes_per_token(tokenizer, islice(source.documents("val"), 500))
     print(f"tokenizer: {bpt:.2f} bytes per token on validation text; documents separated by {document_separator(tokenizer)[1]}")
-    base = ModelConfig.from_dict(saved["model"]) if saved else _base_model(args, tokenizer.get_vocab_size())
+    base = (ModelConfig.from_dict(saved["model"]) if saved else ModelConfig.from_dict(init[2]["config"]["model"]) if init
+            else _base_model(args, tokenizer.get_vocab_size()))
     model_cfg = _resize(base, model_over, vocab_size=tokenizer.get_vocab_size())
+    if not saved and "dtype" not in model_over:  # a new run computes in the device's precision
+        model_cfg = replace(model_cfg, dtype=default_precision())
     batches, val_batches, baseline, per_epoch, how_data = _prepare_data(source, tokenizer, data_cfg, model_cfg.seq_len, train_cfg, out, bpt)
     if per_epoch is None and train_cfg.epochs is not None:
         raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
@@ -277,6 +379,9 @@ def run_train(args) -> dict:
     model, optimizer = init_model(model_cfg, train_cfg, total_steps)
     replicate(model, optimizer, mesh)
     config = {"model": model_cfg.to_dict(), "data": asdict(data_cfg), "train": train_cfg.to_dict()}
+    init_ref = _load_base(model, init, saved)
+    if init_ref:
+        config["init_from"] = init_ref
     start = 0
     if resume_root is not None:
         meta = restore(Checkpointer(resume_root, read_only=True), model, optimizer)
@@ -292,6 +397,7 @@ def run_train(args) -> dict:
     (out / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
     print(f"model: {count_params(model):,} parameters | data: {how_data}, "
           f"{f'{per_epoch:.0f}' if per_epoch else 'unknown'} steps per epoch | unigram baseline {baseline:.3f} | {total_steps} steps")
+    print(f"compute: {model_cfg.dtype} (parameters {model_cfg.param_dtype}) | {describe_attention(model_cfg)}")
     try:
         run = fit(model, optimizer, batches, train_cfg, total_steps, val_batches=val_batches, start_step=start,
                   put=batch_put(mesh), checkpoint=ckpt, progress=not args.no_progress)
@@ -300,11 +406,17 @@ def run_train(args) -> dict:
         if isinstance(batches, StreamingBatches):
             batches.close()
     summary = _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, per_epoch, bpt)
+    summary |= {"trainable_params": count_params(model, optimizer.wrt), "init_from": init_ref}
+    if args.merge_lora:
+        summary["merged_model"] = _write_merged(model, config, tokenizer, out, total_steps)
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
     ckpt.close()
     print(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {baseline:.4f}), "
           f"{summary['avg_tokens_per_sec']:,.0f} tokens/s, waited for data {summary['data_wait_fraction']:.1%} of the time, "
           f"{summary['total_time']:.0f} s -> {out}")
+    budget, rate = summary["compute_optimal_tokens"], summary["avg_tokens_per_sec"]
+    print(f"token budget: about {budget:,} tokens (20 per parameter) would train this model compute-optimally, "
+          f"{_duration(budget / rate) if rate else 'unknown time'} at {rate:,.0f} tokens/s; this run trained on {summary['total_tokens']:,}")
     print("--- sample ---\n" + generate(model, tokenizer, args.sample_prompt, max_new_tokens=100, temperature=0.8, top_k=50))
     return summary
 
@@ -335,7 +447,10 @@ def _size_parser(sub) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=_HELP[name])
     p.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default: 4096)")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per micro-batch, for the memory estimate (default: 16)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="compute precision, for the memory estimate (default: fp32)")
+    p.add_argument("--precision", choices=["auto", *PRECISIONS], default=None,
+                   help="compute precision, for the memory estimate: auto = what tiny-lm train would use on this device (default: auto)")
+    p.add_argument("--measure", action="store_true",
+                   help="also time a few real training steps here and say how long the 20-tokens-per-parameter budget takes (default: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table (default: table)")
 
 def _device_memory() -> int:
@@ -349,9 +464,12 @@ def run_size(args) -> dict:
     _check_size_flags(args)
     if args.batch_size < 1:
         raise TinyLMError(f"--batch-size must be at least 1, got {args.batch_size}")
-    dtype = "bfloat16" if args.precision == "bf16" else "float32"
+    dtype = _precision(args) or default_precision()
     cfg = _resize(_base_model(args, args.vocab_size), _model_overrides(args), dtype=dtype)
     report = size_report(cfg, args.batch_size, _device_memory())
+    if args.measure:
+        report["measured_tokens_per_sec"] = measure_speed(cfg, args.batch_size)
+        report["compute_optimal_seconds"] = report["compute_optimal_tokens"] / report["measured_tokens_per_sec"]
     if args.json:
         print(json.dumps(report))
         return report
@@ -360,7 +478,24 @@ def run_size(args) -> dict:
     gib = lambda n: f"{n / 2**30:.2f} GiB"
     print(f"training memory at batch {args.batch_size}: {gib(report['train_memory_bytes'])} of {gib(report['device_memory_bytes'])} "
           + ("(fits)" if report["fits"] else "(does not fit: " + (f"use --batch-size {report['fitting_batch'][0]} --gradient-accumulation-steps {report['fitting_batch'][1]})" if report["fitting_batch"] else "not even one sequence fits: choose a smaller model)")))
+    print(f"token budget: about {report['compute_optimal_tokens']:,} tokens (20 per parameter)"
+          + (f", {_duration(report['compute_optimal_seconds'])} at the {report['measured_tokens_per_sec']:,.0f} tokens/s measured here"
+             if args.measure else " (add --measure to time it on this machine)"))
     return report
+
+def measure_speed(cfg: ModelConfig, batch_size: int, steps: int = 5) -> float:
+    "Training tokens per second of `cfg` at `batch_size` on this machine: `steps` timed steps after compiling (random tokens)."
+    import jax
+    model, optimizer = init_model(cfg, TrainConfig(batch_size=batch_size), total_steps=steps + 2)
+    train_step, state = make_train_step(model, optimizer)
+    batch = jax.random.randint(jax.random.key(0), (batch_size, cfg.seq_len + 1), 0, cfg.vocab_size)
+    state, metrics = train_step(state, batch)  # compile
+    jax.block_until_ready(metrics)
+    started = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = train_step(state, batch)
+    jax.block_until_ready(metrics)
+    return steps * batch_size * cfg.seq_len / (time.perf_counter() - started)
 
 # %% ../nbs/09_cli.ipynb #6022b92b
 def _bench_parser(sub) -> None:

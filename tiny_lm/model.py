@@ -250,7 +250,8 @@ class Transformer(nnx.Module):
         self.pos_embed = None if cfg.use_rope else nnx.Embed(cfg.seq_len, cfg.d_model, embedding_init=_init(), rngs=rngs, **dtypes)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layer)])
         self.norm = _norm(cfg, rngs)
-        self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, cfg, rngs)
+        head_cfg = replace(cfg, lora_rank=0)  # adapters go on attention and the MLP, not on an untied output layer
+        self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, head_cfg, rngs)
         self.dropout = nnx.Dropout(cfg.dropout_rate)
 
     def __call__(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:

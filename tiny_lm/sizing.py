@@ -11,8 +11,9 @@ from .model import ModelConfig
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'param_breakdown', 'param_count', 'preset_config',
-           'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes', 'fitting_batch', 'size_report']
+__all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'TOKENS_PER_PARAM', 'param_breakdown', 'param_count',
+           'preset_config', 'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes', 'fitting_batch',
+           'size_report']
 
 # %% ../nbs/02_sizing.ipynb #04e5eef8
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
@@ -26,6 +27,8 @@ def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
         "mlp": L * (3 if cfg.use_swiglu else 2) * D * F,  # SwiGLU's gate is the third matrix
         "norms": (2 * L + 1) * norm,  # two per block, one before the head
         "lm_head": 0 if cfg.tie_embeddings else D * V,
+        "lora": L * cfg.lora_rank * ((D + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim) + 2 * D  # r·(d_in + d_out): qkv, out
+                                     + (3 if cfg.use_swiglu else 2) * (D + F)),  # up, (gate,) down
     }
 
 def param_count(cfg: ModelConfig) -> int:
@@ -86,11 +89,11 @@ DEEP_ASPECT_RATIO = 32  # with --prefer-depth
 def _head_count(d_model: int) -> int:
     return d_model // (128 if d_model >= 2048 else 64)
 
-def _shapes(target: int, config, adjust_mlp: bool):
+def _shapes(target: int, config, adjust_mlp: bool, kv_heads: int | None = None):
     "(n_layer, d_model, d_ff) the rules allow; with `adjust_mlp`, the MLP width that brings each closest to `target`."
     for L in range(1, 97):
         for D in range(64, 8193, 64):
-            if D >= 2048 and D % 128:
+            if D >= 2048 and D % 128 or kv_heads and _head_count(D) % kv_heads:
                 continue
             if not adjust_mlp:
                 yield L, D, None
@@ -110,15 +113,16 @@ def target_config(
 ) -> ModelConfig:
     "An architecture with `target` parameters (±5 %) following the width, head and depth rules above."
     ratio = DEEP_ASPECT_RATIO if prefer_depth else ASPECT_RATIO
+    kv_heads = overrides.get("n_kv_head")  # grouped-query attention: only widths whose head count it divides
     def config(L, D, F):
         return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=D, n_layer=L, n_head=_head_count(D), d_ff=F, **overrides)
     for adjust_mlp in (False, True):
         fits = [(abs(math.log(D / L / ratio)), abs(n / target - 1), (L, D, F))
-                for L, D, F in _shapes(target, config, adjust_mlp)
+                for L, D, F in _shapes(target, config, adjust_mlp, kv_heads)
                 if abs((n := param_count(config(L, D, F))) / target - 1) <= tolerance]
         if fits:
             return config(*min(fits)[2])
-    smallest = param_count(config(1, 64, None))
+    smallest = param_count(config(1, 64 * (kv_heads or 1), None))
     if target < smallest:
         raise TinyLMError(f"--target-params {target:,} is too small to build with a vocabulary of {vocab_size}: the smallest model has {smallest:,} parameters (use a smaller --vocab-size or a larger target)")
     raise TinyLMError(f"--target-params {target:,} cannot be built within {tolerance:.0%} (widths up to 8192, up to 96 layers): give --d-model and --num-layers instead")
@@ -134,7 +138,8 @@ def train_memory_bytes(
     per_block = 9 * D + 4 * F + 3 * H * T  # elements per token
     saved = L * D + per_block if remat else L * per_block
     act_bytes = 2 if cfg.dtype in ("bfloat16", "float16") else 4
-    parts = {"parameters": 4 * P, "gradients": 4 * P, "optimizer": 8 * P,
+    trained = param_breakdown(cfg)["lora"] if cfg.lora_rank else P  # LoRA: gradients and moments for the adapters only
+    parts = {"parameters": 4 * P, "gradients": 4 * trained, "optimizer": 8 * trained,
              "activations": batch_size * T * (act_bytes * saved + 4 * 3 * V)}
     return {**parts, "total": sum(parts.values())}
 
@@ -146,6 +151,8 @@ def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int, headroom
     return None
 
 # %% ../nbs/02_sizing.ipynb #7a4af510
+TOKENS_PER_PARAM = 20  # Chinchilla's compute-optimal training tokens per parameter
+
 def size_report(
     cfg: ModelConfig,
     batch_size: int = 16,  # sequences per micro-batch, for the memory estimate
@@ -158,7 +165,8 @@ def size_report(
               "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_kv_head,
               "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
               "flops_per_token": flops_per_token(cfg), "batch_size": batch_size, "train_memory_bytes": memory["total"],
-              "device_memory_bytes": device_memory, "fits": None, "parts": parts, "memory": memory}
+              "device_memory_bytes": device_memory, "fits": None, "parts": parts, "memory": memory,
+              "compute_optimal_tokens": TOKENS_PER_PARAM * param_count(cfg)}
     if device_memory is not None:
         report["fits"] = memory["total"] <= 0.9 * device_memory
         report["fitting_batch"] = fitting_batch(cfg, batch_size, device_memory)  # (micro-batch, accumulation steps)
