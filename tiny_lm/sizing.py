@@ -135,12 +135,13 @@ def train_memory_bytes(
 ) -> dict[str, int]:
     "Estimated peak bytes of one training step on one device, by part, and their `total`."
     P, D, F, H, T, L, V = param_count(cfg), cfg.d_model, cfg.d_ff, cfg.n_head, cfg.seq_len, cfg.n_layer, cfg.vocab_size
-    per_block = 9 * D + 4 * F + 3 * H * T  # elements per token
-    saved = L * D + per_block if remat else L * per_block
-    act_bytes = 2 if cfg.dtype in ("bfloat16", "float16") else 4
+    low = cfg.dtype in ("bfloat16", "float16")
+    act_bytes = 2 if low else 4
+    per_block = act_bytes * (9 * D + 4 * F) + 4 * 3 * H * T  # bytes per token; attention scores in fp32
+    saved = L * act_bytes * D + per_block if remat else L * per_block
     trained = param_breakdown(cfg)["lora"] if cfg.lora_rank else P  # LoRA: gradients and moments for the adapters only
-    parts = {"parameters": 4 * P, "gradients": 4 * trained, "optimizer": 8 * trained,
-             "activations": batch_size * T * (act_bytes * saved + 4 * 3 * V)}
+    parts = {"parameters": 4 * P + (2 * P if low else 0), "gradients": 4 * trained, "optimizer": 8 * trained,
+             "activations": batch_size * T * (saved + 4 * 3 * V)}
     return {**parts, "total": sum(parts.values())}
 
 def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int, headroom: float = 0.9) -> tuple[int, int] | None:
