@@ -382,3 +382,29 @@ def test_size_measures_the_token_budget():
     assert report["compute_optimal_seconds"] == pytest.approx(report["compute_optimal_tokens"] / report["measured_tokens_per_sec"])
     gqa = json.loads(tiny_lm("size", "--target-params", "20000000", "--num-kv-heads", "2", "--json").stdout)
     assert gqa["num_kv_heads"] == 2 and abs(gqa["params"] / 2e7 - 1) <= 0.05
+
+
+def test_every_flag_says_what_it_does_and_its_default(monkeypatch):
+    """Each option of each `tiny-lm` command (and subcommand) has a help line naming its default."""
+    import argparse
+    from tiny_lm.cli import main
+
+    class Built(Exception):
+        pass
+
+    def capture(self, *args, **kwargs):
+        raise Built(self)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(Built) as built:
+        main([])
+    missing, checked, parsers = [], 0, [built.value.args[0]]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif action.option_strings and action.dest != "help":
+                checked += 1
+                if "(default" not in (action.help or ""):
+                    missing.append(f"{parser.prog} {action.option_strings[0]}")
+    assert checked > 60 and not missing, (checked, missing)

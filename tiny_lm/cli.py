@@ -92,8 +92,8 @@ def _train_parser(sub) -> None:
     g.add_argument("--auto-vocab-size", action="store_true",
                    help="choose the vocabulary size from the data, between --min-vocab-size and --max-vocab-size (default: off, use --vocab-size)")
     _size_flags(g)
-    g.add_argument("--retrain-tokenizer", action="store_true", help="train a new tokenizer even if tokenizer.json exists")
-    g.add_argument("--tokenizer-path", default=None, help="use this tokenizer.json instead of training one")
+    g.add_argument("--retrain-tokenizer", action="store_true", help="train a new tokenizer even if tokenizer.json exists (default: off, reuse it)")
+    g.add_argument("--tokenizer-path", default=None, help="use this tokenizer.json instead of training one (default: none, train one)")
     for flag, what in [("rmsnorm", "LayerNorm instead of RMSNorm"), ("swiglu", "a GELU/--activation MLP instead of SwiGLU"),
                        ("rope", "learned positions instead of RoPE"),
                        ("flash-attention", "plain XLA attention instead of the device's flash kernel (cuDNN on GPUs, Pallas splash on TPUs)")]:
@@ -105,10 +105,10 @@ def _train_parser(sub) -> None:
     f.add_argument("--lora-rank", type=int, default=None, help="rank r of the LoRA adapters, 1 to the model width (default: 8)")
     f.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale numerator: adapters are scaled by alpha / r (default: r, a scale of 1)")
     f.add_argument("--merge-lora", action="store_true", help="with --use-lora: also write OUTPUT_DIR/merged, a standalone model with the adapters folded in (default: off)")
-    g.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go")
-    g.add_argument("--resume-from", default=None, help="a run folder to continue from its newest checkpoint")
-    g.add_argument("--sample-prompt", default="", help="prompt of the sample printed at the end")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
+    g.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go (default: output)")
+    g.add_argument("--resume-from", default=None, help="a run folder to continue from its newest checkpoint (default: none, a new run)")
+    g.add_argument("--sample-prompt", default="", help="prompt of the sample printed at the end (default: empty, a new document)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar, for logs (default: off, show it)")
 
 # %% ../nbs/09_cli.ipynb #f1019260
 def _size_flags(g) -> None:
@@ -423,13 +423,13 @@ def run_train(args) -> dict:
 # %% ../nbs/09_cli.ipynb #297fe33f
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="sample text from a trained model")
-    p.add_argument("--checkpoint", default="output", help="a run folder (newest checkpoint) or one checkpoint_step_N folder")
+    p.add_argument("--checkpoint", default="output", help="a run folder (newest checkpoint) or one checkpoint_step_N folder (default: output)")
     p.add_argument("--prompt", default="", help="text to continue (default: start a new document)")
-    p.add_argument("--max-tokens", "--max-length", dest="max_tokens", type=int, default=100, help="tokens to generate at most")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random")
-    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set with this much probability")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the sampler")
+    p.add_argument("--max-tokens", "--max-length", dest="max_tokens", type=int, default=100, help="tokens to generate at most (default: 100)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random (default: 0.8)")
+    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens, 0 for all (default: 50)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set with this much probability (default: 1.0, all)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default: 0)")
 
 def run_generate(args) -> str:
     "Print and return a sample from the checkpoint."
