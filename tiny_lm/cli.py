@@ -166,7 +166,7 @@ def _model_overrides(args) -> dict:
     switches = dict(use_rmsnorm=not flag("no_rmsnorm"), use_swiglu=not flag("no_swiglu"), use_rope=not flag("no_rope"))
     over |= {k: v for k, v in switches.items() if v is False}
     if flag("no_flash_attention"): over["attention"] = "xla"
-    if _precision(args): over["dtype"] = _precision(args)
+    if dtype := _precision(args): over["dtype"] = dtype
     if flag("use_lora"): over |= {"lora_rank": 8 if args.lora_rank is None else args.lora_rank, "lora_alpha": args.lora_alpha}
     return over
 
@@ -209,10 +209,10 @@ def _saved_run(resume_from: str | None) -> tuple[dict, Path | None]:
     root = Path(resume_from)
     if not root.is_dir():
         raise TinyLMError(f"--resume-from {root} does not exist: pass the --output-dir of an earlier run")
-    if not any(root.glob(f"{STEP_PREFIX}_*")) or not (ckpt := Checkpointer(root, read_only=True)).steps():
-        raise TinyLMError(f"--resume-from {root} holds no checkpoint: train first, or leave --resume-from out")
-    import orbax.checkpoint as ocp
-    meta = ckpt.manager.restore(ckpt.steps()[-1], args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    try:
+        meta = run_meta(root)[2]
+    except TinyLMError:
+        raise TinyLMError(f"--resume-from {root} holds no checkpoint: train first, or leave --resume-from out") from None
     return meta["config"], root
 
 _FIXED_BY_BASE = ["model_preset", "target_params", "prefer_depth", *_SHAPE_FLAGS, "seq_len", "activation", "no_rmsnorm", "no_swiglu",
