@@ -13,10 +13,12 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from itertools import islice
 from pathlib import Path
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -25,15 +27,16 @@ from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_to
                           token_dtype, tokenize_documents, unigram_loss)
 from .generate import generate
 from .model import PRECISIONS, ModelConfig, count_params, default_precision, describe_attention, merge_lora
-from .parallel import batch_put, check_batch_size, device_banner, device_info, make_mesh, replicate
+from .parallel import (batch_put, choose_mesh, describe_mesh, device_banner, device_info, global_put, initialize_distributed,
+                              is_main_process, make_mesh, parse_mesh, sharded_init, split_batch)
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
-from .train import TrainConfig, fit, init_model, make_train_step
+from .train import TrainConfig, fit, init_model, make_train_step, peak_flops
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'run_train', 'run_generate', 'run_size', 'measure_speed', 'run_bench_data',
-           'main']
+__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'Trainer', 'run_train', 'run_generate', 'run_size', 'measure_speed',
+           'run_bench_data', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -44,7 +47,7 @@ _MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "num_kv_hea
 _SHAPE_FLAGS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")  # what --target-params decides
 _TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_rate": float, "weight_decay": float,
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
-                "eval_batches": int, "log_every": int, "save_every": int, "seed": int}
+                "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int}
 _MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
 _HELP = {
     "dataset_id": "builtin:python-stdlib, a local .txt/.jsonl/.json/.parquet/.csv file or folder (.gz too), or a hub dataset id (default: builtin:python-stdlib)",
@@ -67,7 +70,8 @@ _HELP = {
     "d_ff": "MLP hidden width (default: the preset's)",
     "seq_len": "tokens of context (default: the preset's)", "activation": "MLP activation: gelu, relu or silu (default: the preset's)",
     "dropout_rate": "dropout on the embeddings and residual branches while training, in [0, 1); off in evaluation and generation (default: 0)",
-    "batch_size": "sequences per micro-batch (default: 16)",
+    "batch_size": "sequences per micro-batch on each device; the global batch is this × devices (default: 16)",
+    "max_skipped_steps": "stop after this many steps in a row with non-finite gradients, whose updates are skipped (default: 5)",
     "gradient_accumulation_steps": "micro-batches per optimizer step (default: 1)",
     "learning_rate": "peak learning rate after warmup (default: 3e-3)", "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
     "warmup_steps": "linear warmup steps (default: 50)", "grad_clip": "clip gradients to this global norm; 0 disables (default: 1.0)",
@@ -105,6 +109,12 @@ def _train_parser(sub) -> None:
     f.add_argument("--lora-rank", type=int, default=None, help="rank r of the LoRA adapters, 1 to the model width (default: 8)")
     f.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale numerator: adapters are scaled by alpha / r (default: r, a scale of 1)")
     f.add_argument("--merge-lora", action="store_true", help="with --use-lora: also write OUTPUT_DIR/merged, a standalone model with the adapters folded in (default: off)")
+    m = p.add_argument_group("devices and hosts")
+    m.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (N × M = all devices): data replicates the model, fsdp shards parameters and optimizer state (default: replicate if the memory estimate fits, else the smallest fsdp that fits)")
+    m.add_argument("--coordinator-address", default=None, help="multi-host: HOST:PORT of process 0, given to every process (default: none, or detected on TPU pods and SLURM)")
+    m.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (default: none, one process)")
+    m.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index, 0 to --num-processes - 1 (default: none)")
+    m.add_argument("--coordinator-timeout", type=int, default=60, help="multi-host: seconds to wait for the coordinator and the other processes (default: 60)")
     g.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go (default: output)")
     g.add_argument("--resume-from", default=None, help="a run folder to continue from its newest checkpoint (default: none, a new run)")
     g.add_argument("--sample-prompt", default="", help="prompt of the sample printed at the end (default: empty, a new document)")
@@ -240,17 +250,16 @@ def _init_from(args) -> tuple[Path, int, dict] | None:
     replace(base, **{k: v for k, v in _model_overrides(args).items() if k.startswith("lora")})  # a rank wider than the model fails here, before any slow work
     return root, step, meta
 
-def _prepare_tokenizer(args, source, tok_cfg: TokenizerConfig, out: Path, resume_root: Path | None):
-    "Reuse, copy or train the tokenizer; it ends up as out/tokenizer.json."
-    target = out / "tokenizer.json"
-    given = Path(args.tokenizer_path) if args.tokenizer_path else resume_root / "tokenizer.json" if resume_root else None
+def _prepare_tokenizer(source, tok_cfg: TokenizerConfig, out: Path, given: Path | None, retrain: bool, expect_vocab_size: int | None, say=print):
+    "Reuse, copy or train the tokenizer; it ends up as out/tokenizer.json (other processes of a multi-host run keep theirs in a scratch folder)."
+    target = out / "tokenizer.json" if jax.process_index() == 0 else Path(tempfile.mkdtemp()) / "tokenizer.json"
     if given is not None:
         tokenizer = load_tokenizer(given)
         if given.resolve() != target.resolve():
             shutil.copyfile(given, target)
         return tokenizer, f"using tokenizer {given}"
-    tokenizer, trained = get_tokenizer(target, lambda: source.documents("train"), tok_cfg, retrain=args.retrain_tokenizer,
-                                       expect_vocab_size=args.vocab_size, on_choice=print)
+    tokenizer, trained = get_tokenizer(target, lambda: source.documents("train"), tok_cfg, retrain=retrain,
+                                       expect_vocab_size=expect_vocab_size, on_choice=say)
     return tokenizer, f"{'trained' if trained else 'reusing'} tokenizer {target} ({tokenizer.get_vocab_size()} tokens)"
 
 def _clear_old_checkpoints(out: Path) -> None:
@@ -265,17 +274,19 @@ def _clear_old_checkpoints(out: Path) -> None:
 SAMPLE_TOKENS = 500_000  # streaming: the prefix of the training split that gives the unigram baseline
 
 def _prepare_data(source, tokenizer, data_cfg: DataConfig, seq_len: int, train_cfg: TrainConfig, out: Path, bpt: float):
-    "(batches, validation batches, unigram baseline, steps per epoch or None, one-line description)."
-    import jax
-    B, process = train_cfg.batch_size, dict(process_index=jax.process_index(), process_count=jax.process_count())
-    val_batches = eval_windows(first_tokens(source, "val", tokenizer, train_cfg.eval_batches * B * seq_len + 1), seq_len, B, train_cfg.eval_batches)
+    "(batches of this process's rows, validation batches, unigram baseline, steps per epoch or None, one-line description)."
+    B = train_cfg.batch_size * jax.local_device_count()  # this process's rows of each global batch
+    process = dict(process_index=jax.process_index(), process_count=jax.process_count())
+    val_B = B * process["process_count"]  # validation batches are whole on every process
+    val_batches = eval_windows(first_tokens(source, "val", tokenizer, train_cfg.eval_batches * val_B * seq_len + 1), seq_len, val_B, train_cfg.eval_batches)
     val_targets = np.concatenate(val_batches)[:, 1:].ravel()
     streaming = source.streams_by_default if data_cfg.streaming is None else data_cfg.streaming
     if not streaming:
-        tokens = load_tokens(source, "train", tokenizer, out / "cache", data_cfg.workers)
+        cache = out / "cache" if process["process_index"] == 0 else Path(tempfile.mkdtemp())  # one writer per folder
+        tokens = load_tokens(source, "train", tokenizer, cache, data_cfg.workers)
         batches = Batches(tokens, seq_len, B, train_cfg.seed, data_cfg.stride, **process)
         return (batches, val_batches, unigram_loss(tokens, val_targets, tokenizer.get_vocab_size()), batches.steps_per_epoch,
-                f"cached: {len(tokens):,} train tokens in {out / 'cache'}")
+                f"cached: {len(tokens):,} train tokens in {cache}")
     sample = first_tokens(source, "train", tokenizer, SAMPLE_TOKENS)
     if len(sample) < seq_len + 1:
         raise TinyLMError(f"the training split has only {len(sample)} tokens, fewer than one window of --seq-len + 1 = {seq_len + 1}: use more data or a smaller --seq-len")
@@ -286,16 +297,20 @@ def _prepare_data(source, tokenizer, data_cfg: DataConfig, seq_len: int, train_c
             f"streaming: {data_cfg.workers} tokenizer workers, shuffle buffer {data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens")
 
 # %% ../nbs/09_cli.ipynb #5f28ebf8
-def _warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int) -> None:
+def _warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1, say=print) -> None:
     report = size_report(model_cfg, per_device_batch, _device_memory())
+    memory = report["memory"]
+    state = memory["parameters"] + memory["gradients"] + memory["optimizer"]
+    report["train_memory_bytes"] = state / fsdp + memory["activations"]  # FSDP splits the state, not the activations
+    report["fits"] = report["train_memory_bytes"] <= 0.9 * report["device_memory_bytes"]
     if not report["fits"]:
         fix = (f"try --batch-size {report['fitting_batch'][0]} --gradient-accumulation-steps {report['fitting_batch'][1]} (per device)"
                if report["fitting_batch"] else "choose a smaller model")
-        print(f"warning: training needs about {report['train_memory_bytes'] / 2**30:.1f} GiB per device but it has "
+        say(f"warning: training needs about {report['train_memory_bytes'] / 2**30:.1f} GiB per device but it has "
               f"{report['device_memory_bytes'] / 2**30:.1f} GiB: {fix}")
 
 # %% ../nbs/09_cli.ipynb #685e3f19
-def _load_base(model, init: tuple | None, saved: dict) -> dict | None:
+def _load_base(model, init: tuple | None, saved: dict, say=print) -> dict | None:
     "Copy the base run's weights into `model` for a new fine-tune, or for a resumed LoRA run; returns the base reference."
     if init is not None:
         ref = restore_weights(init[0] / f"{STEP_PREFIX}_{init[1]}", model)
@@ -306,10 +321,10 @@ def _load_base(model, init: tuple | None, saved: dict) -> dict | None:
         return saved.get("init_from")
     if model.cfg.lora_rank:
         n_adapter, n_all = count_params(model, nnx.LoRAParam), count_params(model)
-        print(f"fine-tuning {ref['path']} step {ref['step']} with LoRA rank {model.cfg.lora_rank} (scale {model.cfg.lora_scale:g}): "
+        say(f"fine-tuning {ref['path']} step {ref['step']} with LoRA rank {model.cfg.lora_rank} (scale {model.cfg.lora_scale:g}): "
               f"{n_adapter:,} adapter parameters train, {n_adapter / (n_all - n_adapter):.2%} of the {n_all - n_adapter:,} frozen base parameters")
     else:
-        print(f"fine-tuning all weights of {ref['path']} step {ref['step']} with a fresh optimizer and schedule")
+        say(f"fine-tuning all weights of {ref['path']} step {ref['step']} with a fresh optimizer and schedule")
     return ref
 
 def _write_merged(model, config: dict, tokenizer, out: Path, step: int) -> str:
@@ -342,6 +357,8 @@ def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, start
         "total_tokens": total_steps * run.tokens_per_step, "avg_tokens_per_sec": run.tokens_per_sec,
         "epochs": total_steps / train_cfg.gradient_accumulation_steps / steps_per_epoch if steps_per_epoch else None,
         "bytes_per_token": bpt, "data_wait_fraction": run.data_wait_fraction,
+        "mfu": run.mfu, "peak_flops": run.peak_flops, "flops_per_token": run.flops_per_token,
+        "outside_step_fraction": run.outside_step_fraction, "compile_seconds": run.compile_seconds, "eval_seconds": run.eval_seconds,
         "model_params": count_params(model), "output_dir": str(out),
         "compute_optimal_tokens": TOKENS_PER_PARAM * param_count(replace(model_cfg, lora_rank=0)),
         "checkpoints": [f"{STEP_PREFIX}_{s}" for s in ckpt.steps()],
@@ -349,76 +366,158 @@ def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, start
     }
 
 # %% ../nbs/09_cli.ipynb #1b20561d
+class Trainer:
+    "A whole training run: tokenizer, data, a model on a mesh of every device, the loop, checkpoints and summary."
+    def __init__(
+        self,
+        model_config: ModelConfig | Callable[[int], ModelConfig] | None = None,  # None: the tiny preset
+        train_config: TrainConfig | None = None,
+        data_config: DataConfig | None = None,  # None: the built-in corpus
+        output_dir: str | Path = "output",
+        tokenizer_config: TokenizerConfig | None = None,
+        mesh: str | dict | None = None,  # "data=N,fsdp=M" or {"data": N, "fsdp": M}; None: chosen from the memory estimate
+        resume_from: str | Path | None = None,  # a run folder to continue from its newest checkpoint
+        init_from: str | Path | None = None,  # a run whose weights start this one (fine-tuning)
+        tokenizer_path: str | Path | None = None,  # use this tokenizer.json instead of training one
+        retrain_tokenizer: bool = False,
+        merge_lora: bool = False,  # a LoRA run also writes output_dir/merged
+        sample_prompt: str | None = "",  # prompt of the sample printed at the end (None: no sample)
+        progress: bool = True,
+    ):
+        self.model_config, self.train_config = model_config, train_config or TrainConfig()
+        self.data_config, self.tokenizer_config = data_config or DataConfig(), tokenizer_config or TokenizerConfig()
+        self.expect_vocab_size = None if tokenizer_config is None or tokenizer_config.auto_vocab_size else tokenizer_config.vocab_size
+        self.output_dir, self.mesh_spec, self.progress = Path(output_dir), mesh, progress
+        self.resume_from = Path(resume_from) if resume_from is not None else None
+        self.init_from, self.tokenizer_path = init_from, Path(tokenizer_path) if tokenizer_path else None
+        self.retrain_tokenizer, self.merge_lora, self.sample_prompt = retrain_tokenizer, merge_lora, sample_prompt
+        self.say = print if is_main_process() else (lambda *a, **k: None)
+
+    def _model_config(self, vocab_size: int, saved: dict, init) -> ModelConfig:
+        cfg = self.model_config
+        if cfg is None:
+            cfg = (ModelConfig.from_dict(saved["model"]) if saved else ModelConfig.from_dict(init[2]["config"]["model"]) if init
+                   else replace(preset_config("tiny", vocab_size), dtype=default_precision()))
+        return replace(cfg(vocab_size) if callable(cfg) else cfg, vocab_size=vocab_size)
+
+    def _mesh(self, model_cfg: ModelConfig):
+        n = jax.device_count()
+        spec = self.mesh_spec
+        sizes = (parse_mesh(spec, n) if isinstance(spec, str) else dict(spec) if spec is not None
+                 else choose_mesh(model_cfg, self.train_config.batch_size, n, _device_memory()))
+        if sizes["data"] * sizes["fsdp"] != n:
+            raise TinyLMError(f"the mesh {sizes} covers {sizes['data'] * sizes['fsdp']} devices but there are {n}: data × fsdp must equal {n}")
+        return make_mesh(sizes["data"], sizes["fsdp"])
+
+    def fit(self) -> dict:
+        "Train; returns the training summary (also written to output_dir/training_summary.json by process 0)."
+        started, say, out = time.perf_counter(), self.say, self.output_dir
+        saved = run_meta(self.resume_from)[2]["config"] if self.resume_from is not None else {}
+        init = run_meta(Path(self.init_from)) if self.init_from is not None else None
+        data_cfg, train_cfg = self.data_config, self.train_config
+        source = open_source(data_cfg)  # validates the dataset before anything is written
+        info = device_info()
+        say(device_banner(info))
+        out.mkdir(parents=True, exist_ok=True)
+        given = self.tokenizer_path or (self.resume_from / "tokenizer.json" if self.resume_from else init[0] / "tokenizer.json" if init else None)
+        tokenizer, how = _prepare_tokenizer(source, self.tokenizer_config, out, given, self.retrain_tokenizer, self.expect_vocab_size, say)
+        say(how)
+        bpt = bytes_per_token(tokenizer, islice(source.documents("val"), 500))
+        say(f"tokenizer: {bpt:.2f} bytes per token on validation text; documents separated by {document_separator(tokenizer)[1]}")
+        model_cfg = self._model_config(tokenizer.get_vocab_size(), saved, init)
+        n = jax.device_count()
+        if saved.get("global_batch_size") and saved["global_batch_size"] != train_cfg.batch_size * n:
+            per_device = split_batch(saved["global_batch_size"], n)
+            say(f"note: the resumed run trained with a global batch of {saved['global_batch_size']}: {per_device} per device on these {n} devices")
+            train_cfg = replace(train_cfg, batch_size=per_device)
+        batches, val_batches, baseline, per_epoch, how_data = _prepare_data(source, tokenizer, data_cfg, model_cfg.seq_len, train_cfg, out, bpt)
+        if per_epoch is None and train_cfg.epochs is not None:
+            raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
+        total_steps = train_cfg.total_steps(per_epoch / train_cfg.gradient_accumulation_steps if per_epoch else math.inf)
+        mesh = self._mesh(model_cfg)
+        _warn_if_too_big(model_cfg, train_cfg.batch_size, mesh.shape["fsdp"], say)
+        model, optimizer = sharded_init(lambda: init_model(model_cfg, train_cfg, total_steps), mesh)
+        global_batch = train_cfg.batch_size * n
+        config = {"model": model_cfg.to_dict(), "data": asdict(data_cfg), "train": train_cfg.to_dict(),
+                  "mesh": dict(mesh.shape), "global_batch_size": global_batch}
+        init_ref = _load_base(model, init, saved, say)
+        if init_ref:
+            config["init_from"] = init_ref
+        start = 0
+        if self.resume_from is not None:
+            meta = restore(Checkpointer(self.resume_from, read_only=True), model, optimizer)
+            start = meta["step"]
+            if isinstance(batches, StreamingBatches):
+                if meta.get("data") is None:
+                    raise TinyLMError(f"{self.resume_from} was trained on cached data (its checkpoints hold no stream state): resume it with --no-streaming")
+                batches.load_state(meta["data"])
+            say(f"resumed {self.resume_from} at step {start} of {total_steps}")
+        elif is_main_process():
+            _clear_old_checkpoints(out)
+        ckpt = Checkpointer(out, meta={"config": config, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)})
+        if is_main_process():
+            (out / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
+            if start == 0:
+                (out / "metrics.jsonl").unlink(missing_ok=True)  # a new run's metrics start afresh; a resumed run appends
+        accum = train_cfg.gradient_accumulation_steps
+        say(f"model: {count_params(model):,} parameters | data: {how_data}, "
+            f"{f'{per_epoch:.0f}' if per_epoch else 'unknown'} steps per epoch | unigram baseline {baseline:.3f} | {total_steps} steps")
+        say(f"mesh: {describe_mesh(mesh)} | effective batch: {train_cfg.batch_size} per device × {n} devices × {accum} accumulation "
+            f"= {global_batch * accum} sequences ({global_batch * accum * model_cfg.seq_len:,} tokens) per step")
+        say(f"compute: {model_cfg.dtype} (parameters {model_cfg.param_dtype}) | {describe_attention(model_cfg)}")
+        try:
+            run = fit(model, optimizer, batches, train_cfg, total_steps, val_batches=val_batches, start_step=start,
+                      put=batch_put(mesh), val_put=global_put(mesh), checkpoint=ckpt, progress=self.progress and is_main_process(),
+                      log=say, output_dir=out if is_main_process() else None, peak=peak_flops(model_cfg.dtype))
+        finally:
+            ckpt.wait()
+            if isinstance(batches, StreamingBatches):
+                batches.close()
+        summary = _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, per_epoch, bpt)
+        summary |= {"trainable_params": count_params(model, optimizer.wrt), "init_from": init_ref, "mesh": dict(mesh.shape),
+                    "effective_batch_size": global_batch * accum}
+        if self.merge_lora:
+            summary["merged_model"] = _write_merged(model, config, tokenizer, out, total_steps)
+        if is_main_process():
+            (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
+        ckpt.close()
+        mfu = f"MFU {summary['mfu']:.1%}, " if summary["mfu"] is not None else ""
+        say(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {baseline:.4f}), "
+            f"{summary['avg_tokens_per_sec']:,.0f} tokens/s, {mfu}{summary['outside_step_fraction']:.1%} of the time outside the compiled step, "
+            f"waited for data {summary['data_wait_fraction']:.1%}, {summary['total_time']:.0f} s -> {out}")
+        budget, rate = summary["compute_optimal_tokens"], summary["avg_tokens_per_sec"]
+        say(f"token budget: about {budget:,} tokens (20 per parameter) would train this model compute-optimally, "
+            f"{_duration(budget / rate) if rate else 'unknown time'} at {rate:,.0f} tokens/s; this run trained on {summary['total_tokens']:,}")
+        if self.sample_prompt is not None:
+            sample = generate(model, tokenizer, self.sample_prompt, max_new_tokens=100, temperature=0.8, top_k=50)
+            say("--- sample ---\n" + sample)
+        self.model, self.optimizer, self.tokenizer, self.summary = model, optimizer, tokenizer, summary
+        return summary
+
+# %% ../nbs/09_cli.ipynb #bd54f6b1
+def _model_config_fn(args, saved: dict, init, model_over: dict) -> Callable[[int], ModelConfig]:
+    "The model configuration the flags describe, as a function of the vocabulary size the tokenizer will have."
+    def config(vocab_size: int) -> ModelConfig:
+        base = (ModelConfig.from_dict(saved["model"]) if saved else ModelConfig.from_dict(init[2]["config"]["model"]) if init
+                else _base_model(args, vocab_size))
+        cfg = _resize(base, model_over, vocab_size=vocab_size)
+        return replace(cfg, dtype=default_precision()) if not saved and "dtype" not in model_over else cfg  # a new run: the device's precision
+    return config
+
 def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."
-    started = time.perf_counter()
+    initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout)
     saved, resume_root = _saved_run(args.resume_from)
     data_cfg, tok_cfg, model_over, train_cfg = configs_from_args(args, saved)
     init = _init_from(args)
-    source = open_source(data_cfg)  # validates the dataset before anything is written
-    info = device_info()
-    print(device_banner(info))
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer, how = _prepare_tokenizer(args, source, tok_cfg, out, resume_root or (init and init[0]))
-    print(how)
-    bpt = bytes_per_token(tokenizer, islice(source.documents("val"), 500))
-    print(f"tokenizer: {bpt:.2f} bytes per token on validation text; documents separated by {document_separator(tokenizer)[1]}")
-    base = (ModelConfig.from_dict(saved["model"]) if saved else ModelConfig.from_dict(init[2]["config"]["model"]) if init
-            else _base_model(args, tokenizer.get_vocab_size()))
-    model_cfg = _resize(base, model_over, vocab_size=tokenizer.get_vocab_size())
-    if not saved and "dtype" not in model_over:  # a new run computes in the device's precision
-        model_cfg = replace(model_cfg, dtype=default_precision())
-    batches, val_batches, baseline, per_epoch, how_data = _prepare_data(source, tokenizer, data_cfg, model_cfg.seq_len, train_cfg, out, bpt)
-    if per_epoch is None and train_cfg.epochs is not None:
-        raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
-    total_steps = train_cfg.total_steps(per_epoch / train_cfg.gradient_accumulation_steps if per_epoch else math.inf)
-    mesh = make_mesh()
-    check_batch_size(train_cfg.batch_size, mesh)
-    _warn_if_too_big(model_cfg, train_cfg.batch_size // mesh.devices.size)
-    model, optimizer = init_model(model_cfg, train_cfg, total_steps)
-    replicate(model, optimizer, mesh)
-    config = {"model": model_cfg.to_dict(), "data": asdict(data_cfg), "train": train_cfg.to_dict()}
-    init_ref = _load_base(model, init, saved)
-    if init_ref:
-        config["init_from"] = init_ref
-    start = 0
-    if resume_root is not None:
-        meta = restore(Checkpointer(resume_root, read_only=True), model, optimizer)
-        start = meta["step"]
-        if isinstance(batches, StreamingBatches):
-            if meta.get("data") is None:
-                raise TinyLMError(f"{resume_root} was trained on cached data (its checkpoints hold no stream state): resume it with --no-streaming")
-            batches.load_state(meta["data"])
-        print(f"resumed {resume_root} at step {start} of {total_steps}")
-    else:
-        _clear_old_checkpoints(out)
-    ckpt = Checkpointer(out, meta={"config": config, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)})
-    (out / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
-    print(f"model: {count_params(model):,} parameters | data: {how_data}, "
-          f"{f'{per_epoch:.0f}' if per_epoch else 'unknown'} steps per epoch | unigram baseline {baseline:.3f} | {total_steps} steps")
-    print(f"compute: {model_cfg.dtype} (parameters {model_cfg.param_dtype}) | {describe_attention(model_cfg)}")
-    try:
-        run = fit(model, optimizer, batches, train_cfg, total_steps, val_batches=val_batches, start_step=start,
-                  put=batch_put(mesh), checkpoint=ckpt, progress=not args.no_progress)
-    finally:
-        ckpt.wait()
-        if isinstance(batches, StreamingBatches):
-            batches.close()
-    summary = _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, per_epoch, bpt)
-    summary |= {"trainable_params": count_params(model, optimizer.wrt), "init_from": init_ref}
-    if args.merge_lora:
-        summary["merged_model"] = _write_merged(model, config, tokenizer, out, total_steps)
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    ckpt.close()
-    print(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {baseline:.4f}), "
-          f"{summary['avg_tokens_per_sec']:,.0f} tokens/s, waited for data {summary['data_wait_fraction']:.1%} of the time, "
-          f"{summary['total_time']:.0f} s -> {out}")
-    budget, rate = summary["compute_optimal_tokens"], summary["avg_tokens_per_sec"]
-    print(f"token budget: about {budget:,} tokens (20 per parameter) would train this model compute-optimally, "
-          f"{_duration(budget / rate) if rate else 'unknown time'} at {rate:,.0f} tokens/s; this run trained on {summary['total_tokens']:,}")
-    print("--- sample ---\n" + generate(model, tokenizer, args.sample_prompt, max_new_tokens=100, temperature=0.8, top_k=50))
-    return summary
+    if args.mesh is not None:
+        parse_mesh(args.mesh, jax.device_count())  # a wrong mesh fails now, not after the tokenizer
+    tokenizer_given = args.vocab_size is not None or args.auto_vocab_size  # a reused tokenizer is checked against an asked size only
+    trainer = Trainer(_model_config_fn(args, saved, init, model_over), train_cfg, data_cfg, args.output_dir, tok_cfg if tokenizer_given else None, mesh=args.mesh,
+                      resume_from=resume_root, init_from=args.init_from, tokenizer_path=args.tokenizer_path,
+                      retrain_tokenizer=args.retrain_tokenizer, merge_lora=args.merge_lora, sample_prompt=args.sample_prompt,
+                      progress=not args.no_progress)
+    return trainer.fit()
 
 # %% ../nbs/09_cli.ipynb #297fe33f
 def _generate_parser(sub) -> None:

@@ -5,11 +5,15 @@
 # %% ../nbs/04_train.ipynb #90e2d7fb
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,17 +24,18 @@ from tqdm.auto import tqdm
 
 from .data import step_batches
 from .model import ModelConfig, Transformer
+from .sizing import flops_per_token
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['TrainConfig', 'lr_schedule', 'make_optimizer', 'init_model', 'loss_fn', 'make_train_step', 'make_eval_step',
-           'evaluate', 'TrainLog', 'fit']
+__all__ = ['PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'init_model', 'loss_fn', 'make_train_step',
+           'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops', 'TrainLog', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
 class TrainConfig:
     "Optimization and loop settings."
-    batch_size: int = 16  # sequences per micro-batch
+    batch_size: int = 16  # sequences per micro-batch on each device (the global batch is this × devices)
     gradient_accumulation_steps: int = 1  # micro-batches summed into one optimizer step
     learning_rate: float = 3e-3  # peak learning rate, reached after warmup
     min_lr_ratio: float = 0.1  # the cosine decays to learning_rate × min_lr_ratio
@@ -46,11 +51,12 @@ class TrainConfig:
     log_every: int = 10  # progress-bar update interval, in steps
     save_every: int = 200  # checkpoint interval, in steps (and at the end)
     seed: int = 0  # seeds parameters and batch order
+    max_skipped_steps: int = 5  # non-finite gradients in a row (updates skipped) that stop the run
 
     def __post_init__(self):
         if self.max_steps is None and self.epochs is None:
             raise TinyLMError("give --max-steps or --epochs: a run needs an end")
-        for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every"):
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every", "max_skipped_steps"):
             if getattr(self, name) < 1:
                 raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 0 or self.epochs is not None and self.epochs <= 0:
@@ -60,7 +66,7 @@ class TrainConfig:
 
     @property
     def sequences_per_step(self) -> int:
-        "Sequences consumed by one optimizer step."
+        "Sequences one device consumes per optimizer step (× devices for the whole step)."
         return self.batch_size * self.gradient_accumulation_steps
 
     def total_steps(self, steps_per_epoch: float) -> int:
@@ -86,11 +92,17 @@ def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
         init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=warmup,
         decay_steps=max(total_steps, warmup + 1), end_value=cfg.learning_rate * cfg.min_lr_ratio)
 
+def decay_mask(params) -> object:
+    "True for the arrays weight decay applies to: matrices that are not embeddings (by path)."
+    def decays(path, p) -> bool:
+        return p.ndim >= 2 and "embedding" not in jax.tree_util.keystr(path)
+    return jax.tree_util.tree_map_with_path(decays, params)
+
 def make_optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformation:
-    "Global-norm clipping followed by AdamW with the schedule; decay only on tensors with ≥ 2 dimensions."
-    adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay,
-                        mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
-    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw) if cfg.grad_clip > 0 else adamw
+    "Global-norm clipping then AdamW with the schedule (decay on `decay_mask`), all skipped on non-finite gradients."
+    adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=decay_mask)
+    tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw) if cfg.grad_clip > 0 else adamw
+    return optax.apply_if_finite(tx, max_consecutive_errors=2**30)  # fit decides when to stop
 
 # %% ../nbs/04_train.ipynb #0770f991
 def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int) -> tuple[Transformer, nnx.Optimizer]:
@@ -111,7 +123,7 @@ def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Pa
     grad_fn = jax.value_and_grad(lambda params, b, key: loss_fn(nnx.merge(graphdef, params, rest), b, key))
     if accum_steps == 1:
         return grad_fn(params, batch_BT, dropout_key)
-    micro_ABT = batch_BT.reshape(accum_steps, -1, batch_BT.shape[-1])
+    micro_ABT = batch_BT.reshape(-1, accum_steps, batch_BT.shape[-1]).swapaxes(0, 1)  # row r goes to micro-batch r % A
     def body(carry, xs):
         micro_BT, i = xs
         key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
@@ -131,7 +143,8 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
         key = jax.random.fold_in(jax.random.key(seed), optimizer.step[...]) if use_dropout else None
         loss, grads = _grads(model, batch_BT, accum_steps, optimizer.wrt, key)
         optimizer.update(model, grads)
-        return nnx.state((model, optimizer)), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "skipped": optimizer.opt_state.notfinite_count[...]}
+        return nnx.state((model, optimizer)), metrics
     return train_step, state
 
 # %% ../nbs/04_train.ipynb #c386cfd0
@@ -151,17 +164,77 @@ def evaluate(eval_step, state, val_batches: Sequence[np.ndarray], put: Callable 
     return float(sum(losses) / sum(len(b) for b in val_batches))
 
 # %% ../nbs/04_train.ipynb #3a9c7211
+PEAK_FLOPS: dict[str, tuple[float, float]] = {  # device kind substring: dense FLOP/s per chip (bf16/fp16, fp32 as XLA runs it)
+    "TPU v2": (45e12, 45e12), "TPU v3": (123e12, 123e12), "TPU v4": (275e12, 275e12),
+    "TPU v5 lite": (197e12, 197e12), "TPU v5e": (197e12, 197e12), "TPU v5": (459e12, 459e12),
+    "TPU v6 lite": (918e12, 918e12), "TPU v6e": (918e12, 918e12), "TPU7x": (2307e12, 2307e12),
+    "B200": (2250e12, 1100e12), "H200": (989e12, 494e12), "H100 PCIe": (756e12, 378e12), "H100": (989e12, 494e12),
+    "A100": (312e12, 156e12), "A10G": (70e12, 35e12), "L40S": (362e12, 183e12), "L4": (121e12, 60e12),
+    "V100": (125e12, 15.7e12), "T4": (65e12, 8.1e12),
+}
+
+def _cpu_name() -> str:
+    try:
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else platform.processor() or platform.machine()} × {os.cpu_count()} cores"
+
+def cpu_peak_flops(cache: Path | None = None) -> float:
+    "The best fp32 matmul FLOP/s JAX reaches on this machine's CPU, measured once (about a second) and cached per CPU."
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / "cpu_peak_flops.json"
+    key = f"{_cpu_name()} | jax {jax.__version__}"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        cpu = jax.devices("cpu")[0]
+        best = 0.0
+        for n in (256, 512, 1024):
+            a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
+            matmul = jax.jit(lambda a: a @ a)
+            matmul(a).block_until_ready()
+            for _ in range(5):
+                started = time.perf_counter()
+                matmul(a).block_until_ready()
+                best = max(best, 2 * n**3 / (time.perf_counter() - started))
+        known[key] = best
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(known, indent=1))
+        except OSError:
+            pass  # a read-only home: measure again next time
+    return known[key]
+
+def peak_flops(dtype: str = "float32", devices: Sequence | None = None) -> float | None:
+    "Peak FLOP/s of `devices` (default: all) computing in `dtype`: the table × the device count, the measured CPU peak, or None if unknown."
+    devices = devices or jax.devices()
+    if devices[0].platform == "cpu":
+        return cpu_peak_flops()
+    kind = devices[0].device_kind.lower()
+    for name, (low, full) in PEAK_FLOPS.items():
+        if name.lower() in kind:
+            return (low if dtype in ("bfloat16", "float16") else full) * len(devices)
+    return None
+
+# %% ../nbs/04_train.ipynb #de7e91c9
 @dataclass
 class TrainLog:
     "What happened during `fit`: per-log-step metrics, evaluations, and totals."
-    tokens_per_step: int  # tokens consumed by one optimizer step
+    tokens_per_step: int  # tokens (over all devices) consumed by one optimizer step
     start_step: int = 0  # the step `fit` started from
+    flops_per_token: float = 0.0  # model FLOPs per training token (02_sizing)
+    peak_flops: float | None = None  # peak FLOP/s of the devices (None: unknown, no MFU)
     started: float = field(default_factory=time.perf_counter)  # perf_counter() at the start
-    history: list[dict] = field(default_factory=list)  # {step, loss, grad_norm, lr, tokens_per_sec, time}
+    history: list[dict] = field(default_factory=list)  # {step, loss, grad_norm, lr, skipped, tokens_per_sec, mfu, outside_step_fraction, time}
     evals: list[dict] = field(default_factory=list)  # {step, val_loss}
     steps: int = 0  # optimizer steps run in this call
     seconds: float = 0.0  # wall time of the loop, compilation and evaluation included
     data_wait: float = 0.0  # seconds the loop waited for the next batch
+    outside: float = 0.0  # seconds of host work outside the compiled step (data, transfers, metrics)
+    eval_seconds: float = 0.0  # seconds spent evaluating and checkpointing
+    compile_seconds: float = 0.0  # the first step's call: tracing and compiling
 
     @property
     def data_wait_fraction(self) -> float:
@@ -173,61 +246,135 @@ class TrainLog:
         "Tokens trained on in this call."
         return self.steps * self.tokens_per_step
 
+    def _steady(self) -> tuple[dict, dict] | None:
+        return (self.history[0], self.history[-1]) if len(self.history) >= 2 else None
+
     @property
     def tokens_per_sec(self) -> float:
-        "Steady-state throughput: from the first log step (compilation done) to the last."
-        if len(self.history) < 2:
+        "Steady-state throughput: from the first log step (compilation done) to the last, evaluation excluded."
+        if not self._steady():
             return self.tokens / self.seconds if self.seconds else 0.0
-        first, last = self.history[0], self.history[-1]
-        return self.tokens_per_step * (last["step"] - first["step"]) / (last["time"] - first["time"])
+        first, last = self._steady()
+        return self.tokens_per_step * (last["step"] - first["step"]) / (last["clock"] - first["clock"])
 
-# %% ../nbs/04_train.ipynb #de7e91c9
-def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar) -> None:
-    loss, now = float(metrics["loss"]), time.perf_counter()  # float() waits for the device
-    prev = run.history[-1] if run.history else dict(step=run.start_step, time=run.started)
-    rate = run.tokens_per_step * (done - prev["step"]) / (now - prev["time"])
-    run.history.append(dict(step=done, loss=loss, grad_norm=float(metrics["grad_norm"]), lr=lr, tokens_per_sec=rate, time=now))
-    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
-    if not math.isfinite(loss):
-        raise TinyLMError(f"the loss became {loss} at step {done}: lower --learning-rate or raise --warmup-steps")
+    @property
+    def mfu(self) -> float | None:
+        "Model FLOPs utilisation of the steady state."
+        return self.flops_per_token * self.tokens_per_sec / self.peak_flops if self.peak_flops else None
+
+    @property
+    def outside_step_fraction(self) -> float:
+        "Share of the steady state's wall time spent on the host outside the compiled step."
+        if not self._steady():
+            return 0.0
+        first, last = self._steady()
+        return (last["outside"] - first["outside"]) / (last["clock"] - first["clock"])
 
 # %% ../nbs/04_train.ipynb #1e011622
+def _write_jsonl(path: Path | None, record: dict) -> None:
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped: int, metrics_path: Path | None) -> None:
+    loss, skipped = float(metrics["loss"]), int(metrics["skipped"])  # float() waits for the device
+    synced = time.perf_counter()
+    clock = synced - run.started - run.eval_seconds
+    prev = run.history[-1] if run.history else dict(step=run.start_step, clock=0.0, outside=0.0)
+    interval = clock - prev["clock"]
+    rate = run.tokens_per_step * (done - prev["step"]) / interval
+    mfu = run.flops_per_token * rate / run.peak_flops if run.peak_flops else None
+    entry = dict(step=done, loss=loss, grad_norm=float(metrics["grad_norm"]), lr=lr, skipped=skipped, tokens_per_sec=rate, mfu=mfu,
+                 outside_step_fraction=(run.outside - prev["outside"]) / interval, time=synced - run.started)
+    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}),
+                    outside=f"{entry['outside_step_fraction']:.1%}", **({"skipped": skipped} if skipped else {}))
+    _write_jsonl(metrics_path, entry)
+    run.history.append(entry | dict(clock=clock, outside=run.outside))
+    run.outside += time.perf_counter() - synced
+    if skipped >= max_skipped:
+        raise TinyLMError(f"the gradients were not finite for {skipped} steps in a row (up to step {done}); those updates were skipped, "
+                          "so the model and its last checkpoint hold the last good state: lower --learning-rate or raise --warmup-steps "
+                          "(and check the data), then continue with --resume-from")
+
+def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
+    "Draw train and validation loss against steps from a `metrics.jsonl` (a resumed run's repeated steps: the latest wins) into `loss.png`."
+    from matplotlib.figure import Figure  # no pyplot: works headless and inside notebooks alike
+    train, val = {}, {}
+    for line in metrics_path.read_text().splitlines():
+        r = json.loads(line)
+        (val if "val_loss" in r else train)[r["step"]] = r.get("val_loss", r.get("loss"))
+    fig = Figure(figsize=(6, 3.5), tight_layout=True)
+    ax = fig.add_subplot()
+    for points, style, label in [(train, "-", "train"), (val, "o-", "validation")]:
+        if points:
+            steps = sorted(points)
+            ax.plot(steps, [points[s] for s in steps], style, label=label)
+    ax.set(xlabel="step", ylabel="loss (nats/token)", title="tiny_lm training")
+    ax.legend()
+    out = out or metrics_path.with_name("loss.png")
+    fig.savefig(out, dpi=100)
+    return out
+
+# %% ../nbs/04_train.ipynb #804c1eec
 def fit(
     model: Transformer, optimizer: nnx.Optimizer,
     batches, cfg: TrainConfig, total_steps: int,
     val_batches: Sequence[np.ndarray] = (),  # fixed validation batches (none: no evaluation)
     start_step: int = 0,  # first step to run (after a restore)
-    put: Callable = jnp.asarray,  # moves a NumPy batch onto the device(s)
+    put: Callable = jnp.asarray,  # moves this process's rows of a NumPy batch onto the device(s)
     checkpoint: Callable | None = None,  # called as checkpoint(step, model, optimizer, metrics[, data=stream state])
     progress: bool = True,  # show a progress bar
     log: Callable = print,  # where evaluation lines go
+    output_dir: Path | str | None = None,  # append metrics.jsonl and draw loss.png here (None: neither)
+    val_put: Callable | None = None,  # moves a validation batch (the same on every process) onto the devices (default: `put`)
+    peak: float | None = None,  # peak FLOP/s of the devices, for MFU (default: `peak_flops` of the compute dtype)
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed)
-    eval_step, schedule = make_eval_step(model, optimizer), lr_schedule(cfg, total_steps)
-    run = TrainLog(tokens_per_step=cfg.sequences_per_step * model.cfg.seq_len, start_step=start_step)
+    eval_step, schedule, val_put = make_eval_step(model, optimizer), lr_schedule(cfg, total_steps), val_put or put
+    run = TrainLog(tokens_per_step=0, start_step=start_step, flops_per_token=flops_per_token(model.cfg),
+                   peak_flops=peak if peak is not None else peak_flops(model.cfg.dtype))
+    metrics_path = Path(output_dir) / "metrics.jsonl" if output_dir is not None else None
     bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     last_eval, loader = {}, step_batches(batches, start_step, cfg.gradient_accumulation_steps)
     try:
         for step in range(start_step, total_steps):
+            fetched = time.perf_counter()
             batch, data_state = next(loader)
-            state, metrics = train_step(state, put(batch))
+            batch_BT = put(batch)
+            called = time.perf_counter()
+            state, metrics = train_step(state, batch_BT)
+            if run.steps == 0:  # the first call traces and compiles before it dispatches
+                run.compile_seconds, run.tokens_per_step = time.perf_counter() - called, batch_BT.shape[0] * model.cfg.seq_len
+                run.eval_seconds += run.compile_seconds  # out of the rates, like evaluation
+            run.outside += called - fetched
             done = step + 1
             run.steps += 1
             if done % cfg.log_every == 0 or done == total_steps:
-                _record(run, done, metrics, float(schedule(step)), bar)
+                _record(run, done, metrics, float(schedule(step)), bar, cfg.max_skipped_steps, metrics_path)
             bar.update(1)
-            if val_batches and (done % cfg.eval_every == 0 or done == total_steps):
-                last_eval = dict(step=done, val_loss=evaluate(eval_step, state, val_batches, put))
-                run.evals.append(last_eval)
-                (bar.write if progress else log)(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {last_eval['val_loss']:.4f}")
-            if checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps):
-                nnx.update((model, optimizer), state)
-                data = {} if data_state is None else {"data": data_state()}
-                checkpoint(done, model, optimizer, dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None), **data)
+            evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
+            saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps)
+            if evaluating or saving:
+                jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
+                paused = time.perf_counter()
+                if evaluating:
+                    last_eval = dict(step=done, val_loss=evaluate(eval_step, state, val_batches, val_put))
+                    run.evals.append(last_eval)
+                    _write_jsonl(metrics_path, last_eval)
+                    if metrics_path is not None:
+                        plot_losses(metrics_path)
+                    (bar.write if progress else log)(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {last_eval['val_loss']:.4f}")
+                if saving:
+                    nnx.update((model, optimizer), state)
+                    data = {} if data_state is None else {"data": data_state()}
+                    checkpoint(done, model, optimizer, dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None), **data)
+                run.eval_seconds += time.perf_counter() - paused
     finally:  # donated buffers: the objects must get the live state back, even after an exception
         loader.close()
         bar.close()
         nnx.update((model, optimizer), state)
     run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
+    if metrics_path is not None and metrics_path.exists():
+        plot_losses(metrics_path)
     return run
