@@ -36,7 +36,7 @@ from .train import TrainConfig, fit, init_model, make_train_step, peak_flops
 
 # %% auto #0
 __all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'Trainer', 'run_train', 'run_generate', 'run_size', 'measure_speed',
-           'run_bench_data', 'main']
+           'run_bench_data', 'run_bench_train', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -598,7 +598,7 @@ def measure_speed(cfg: ModelConfig, batch_size: int, steps: int = 5) -> float:
 
 # %% ../nbs/09_cli.ipynb #6022b92b
 def _bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="measure speed (data: the input pipeline)")
+    p = sub.add_parser("bench", help="measure speed (data: the input pipeline; train: the training step)")
     kinds = p.add_subparsers(dest="bench", required=True)
     d = kinds.add_parser("data", help="tokens/s of cached batches, streaming batches and the tokenizer's own encoding")
     d.add_argument("--dataset-id", default=DataConfig.dataset_id, help=_HELP["dataset_id"])
@@ -611,6 +611,7 @@ def _bench_parser(sub) -> None:
     d.add_argument("--num-workers", type=int, default=2, help="tokenizer worker processes of the streaming pipeline (default: 2)")
     d.add_argument("--tokens", type=int, default=4_000_000, help="training tokens to time each pipeline over (default: 4000000)")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of lines of text (default: text)")
+    _bench_train_parser(kinds)
 
 def _rate(make_batch, tokens_per_batch: int, n_tokens: int) -> float:
     "Tokens per second of `make_batch()` over at least `n_tokens` tokens."
@@ -662,6 +663,61 @@ def run_bench_data(args) -> dict:
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result.items()))
     return result
 
+# %% ../nbs/09_cli.ipynb #5dc6c0ad
+def _bench_train_parser(kinds) -> None:
+    t = kinds.add_parser("train", help="tokens/s, step time, MFU and compile time of training steps on random tokens")
+    _size_flags(t)
+    for name in ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "seq_len"):
+        t.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=_HELP[name])
+    t.add_argument("--activation", default=None, help=_HELP["activation"])
+    for flag, what in [("rmsnorm", "LayerNorm instead of RMSNorm"), ("swiglu", "a GELU/--activation MLP instead of SwiGLU"),
+                       ("rope", "learned positions instead of RoPE"), ("flash-attention", "plain XLA attention instead of the device's flash kernel")]:
+        t.add_argument(f"--no-{flag}", action="store_true", help=f"use {what} (default: off)")
+    _precision_flags(t)
+    t.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size of the random tokens (default: 4096)")
+    t.add_argument("--batch-size", type=int, default=16, help=_HELP["batch_size"])
+    t.add_argument("--gradient-accumulation-steps", type=int, default=1, help=_HELP["gradient_accumulation_steps"])
+    t.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (default: every device on data)")
+    t.add_argument("--steps", type=int, default=300, help="training steps to time, after the first (compiling) interval (default: 300)")
+    t.add_argument("--json", action="store_true", help="print one JSON object instead of lines of text (default: text)")
+
+def run_bench_train(args) -> dict:
+    "Time training steps of the flags' model on random tokens; print the rates (one JSON object with --json) and return them."
+    if min(args.batch_size, args.gradient_accumulation_steps, args.steps, args.vocab_size) < 1:
+        raise TinyLMError("--batch-size, --gradient-accumulation-steps, --steps and --vocab-size must be at least 1")
+    _check_size_flags(args)
+    dtype = _precision(args) or default_precision()
+    cfg = _resize(_base_model(args, args.vocab_size), _model_overrides(args), dtype=dtype)
+    n = jax.device_count()
+    sizes = parse_mesh(args.mesh, n) if args.mesh else {"data": n, "fsdp": 1}
+    mesh = make_mesh(sizes["data"], sizes["fsdp"])
+    log_every = max(1, args.steps // 10)
+    train_cfg = TrainConfig(batch_size=args.batch_size, gradient_accumulation_steps=args.gradient_accumulation_steps,
+                            max_steps=args.steps + log_every, warmup_steps=10, log_every=log_every)
+    local_rows = args.batch_size * jax.local_device_count()
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, 4 * local_rows * args.gradient_accumulation_steps * (cfg.seq_len + 1) + 1)
+    batches = Batches(tokens.astype(token_dtype(cfg.vocab_size)), cfg.seq_len, local_rows, process_index=jax.process_index(),
+                      process_count=jax.process_count())
+    model, optimizer = sharded_init(lambda: init_model(cfg, train_cfg, train_cfg.max_steps), mesh)
+    run = fit(model, optimizer, batches, train_cfg, train_cfg.max_steps, put=batch_put(mesh), progress=False)
+    steady = run.history[1:]  # the first interval holds compilation
+    rate = float(np.median([h["tokens_per_sec"] for h in steady]))
+    result = {"tokens_per_sec": rate, "step_time_ms": 1e3 * run.tokens_per_step / rate,
+              "mfu": run.flops_per_token * rate / run.peak_flops if run.peak_flops else None, "peak_flops": run.peak_flops,
+              "flops_per_token": run.flops_per_token, "compile_s": run.compile_seconds,
+              "outside_step_fraction": float(np.median([h["outside_step_fraction"] for h in steady])),
+              "steps": args.steps, "tokens_per_step": run.tokens_per_step, "params": count_params(model),
+              "mesh": dict(mesh.shape), "attention": describe_attention(cfg),
+              "device": {k: v for k, v in device_info().items() if k != "devices"},
+              "config": {**cfg.to_dict(), "batch_size": args.batch_size, "gradient_accumulation_steps": args.gradient_accumulation_steps}}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        mfu = f"MFU {result['mfu']:.1%} of {result['peak_flops'] / 1e12:.2f} TFLOP/s" if result["mfu"] is not None else "MFU unknown (no peak for this device)"
+        print(f"{rate:,.0f} tokens/s, {result['step_time_ms']:.1f} ms per step, {mfu}, compiled in {result['compile_s']:.1f} s, "
+              f"{result['outside_step_fraction']:.1%} of the time outside the compiled step")
+    return result
+
 # %% ../nbs/09_cli.ipynb #961cfc54
 def main(argv: list[str] | None = None) -> int:
     "Run `tiny-lm` with `argv` (default: the process's arguments); returns the exit status."
@@ -673,7 +729,9 @@ def main(argv: list[str] | None = None) -> int:
     _bench_parser(sub)
     args = parser.parse_args(argv)
     try:
-        {"train": run_train, "generate": run_generate, "size": run_size, "bench": run_bench_data}[args.command](args)
+        run = {"train": run_train, "generate": run_generate, "size": run_size,
+               "bench": lambda args: {"data": run_bench_data, "train": run_bench_train}[args.bench](args)}
+        run[args.command](args)
     except TinyLMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

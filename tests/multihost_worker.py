@@ -1,0 +1,37 @@
+"""One process of a multi-process tiny_lm run (tests/test_multihost.py starts two of them, or one alone).
+
+Usage: python multihost_worker.py OUT.json [COORDINATOR NUM_PROCESSES PROCESS_ID]
+Trains a tiny model for a few steps on random tokens over a data × fsdp mesh of every device of
+every process, feeding only this process's rows, and writes its losses, the windows it read and a
+checksum of the final parameters to OUT.json.
+"""
+import json
+import sys
+
+if __name__ == "__main__":
+    out, *dist = sys.argv[1:]
+    from tiny_lm.parallel import batch_put, initialize_distributed, make_mesh, sharded_init
+
+    if dist:
+        initialize_distributed(dist[0], int(dist[1]), int(dist[2]), timeout_s=60)
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from tiny_lm.data import Batches
+    from tiny_lm.model import ModelConfig
+    from tiny_lm.train import TrainConfig, fit, init_model
+
+    cfg = ModelConfig(vocab_size=64, seq_len=16, d_model=32, n_layer=2, n_head=2)
+    train = TrainConfig(batch_size=1, max_steps=6, warmup_steps=2, log_every=1)
+    tokens = np.random.default_rng(0).integers(0, 64, 5000).astype(np.uint16)
+    local_rows = train.batch_size * jax.local_device_count()  # 1 per device: a global batch of 8
+    batches = Batches(tokens, 16, local_rows, process_index=jax.process_index(), process_count=jax.process_count())
+    mesh = make_mesh(2, jax.device_count() // 2)  # data=2 × fsdp=4: sharded parameters and a split batch
+    model, optimizer = sharded_init(lambda: init_model(cfg, train, 6), mesh)
+    run = fit(model, optimizer, batches, train, 6, put=batch_put(mesh), progress=False)
+    params = nnx.state(model, nnx.Param)
+    checksum = float(sum(float(jax.numpy.sum(jax.numpy.abs(x))) for x in jax.tree.leaves(params)))
+    json.dump({"process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
+               "losses": [h["loss"] for h in run.history], "windows": [batches.window_starts(i).tolist() for i in range(6)],
+               "checksum": checksum}, open(out, "w"))
