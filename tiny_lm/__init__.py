@@ -1,9 +1,15 @@
 __version__ = "0.1.0"
 
+_EXPORTS = {  # name -> module: the package's headline API, imported on first use so `import tiny_lm` does not import JAX
+    "Trainer": "cli", "ModelConfig": "model", "TrainConfig": "train", "DataConfig": "data", "TokenizerConfig": "tokenizer",
+    "load_checkpoint": "checkpoint", "generate": "generate",
+}
+__all__ = list(_EXPORTS)
+
 
 def __getattr__(name):
-    "Lazy access to the package's headline functions, so `import tiny_lm` does not import JAX."
-    if name == "load_checkpoint":
-        from tiny_lm.checkpoint import load_checkpoint
-        return load_checkpoint
+    "Lazy access to the package's headline classes and functions (`from tiny_lm import Trainer, ModelConfig, ...`)."
+    if name in _EXPORTS:
+        import importlib
+        return getattr(importlib.import_module(f"tiny_lm.{_EXPORTS[name]}"), name)
     raise AttributeError(f"module 'tiny_lm' has no attribute {name!r}")
