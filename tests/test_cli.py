@@ -11,7 +11,7 @@ import pytest
 DATA = Path(__file__).parent / "data"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 SMALL = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "384", "--seq-len", "32",
-         "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--batch-size", "8",
+         "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--batch-size", "4",  # per device: 8 on the 2 devices
          "--eval-every", "40", "--save-every", "40", "--no-progress"]
 
 
@@ -137,6 +137,12 @@ BAD_INPUT = {
     "lora flag without lora": (["--lora-rank", "4"], "--lora-rank applies to LoRA fine-tuning"),
     "init-from not a run": (["--init-from", "NOTARUN"], "is not a training run"),
     "init-from missing": (["--init-from", "/no/such/run"], "does not exist"),
+    "mesh does not match the devices": (["--mesh", "data=3,fsdp=1"], "data × fsdp must equal 2"),
+    "mesh axis unknown": (["--mesh", "model=2"], "is not of the form data=N,fsdp=M"),
+    "processes without an id": (["--num-processes", "2"], "add --coordinator-address, --process-id"),
+    "coordinator without a port": (["--coordinator-address", "localhost", "--num-processes", "2", "--process-id", "0"], "is not HOST:PORT"),
+    "process id out of range": (["--coordinator-address", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"], "between 0 and --num-processes - 1 = 1"),
+    "skipped steps": (["--max-skipped-steps", "0"], "--max-skipped-steps must be at least 1"),
 }
 
 def make_bad_files(tmp_path) -> dict:
@@ -297,7 +303,7 @@ def test_grouped_query_attention_trains_and_generates(tmp_path):
     assert g.returncode == 0 and g.stdout.startswith("KING"), g.stderr
 
 
-FINETUNE = ["--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body", "--batch-size", "8",
+FINETUNE = ["--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body", "--batch-size", "4",
             "--eval-every", "3", "--save-every", "3", "--no-progress"]
 
 
@@ -408,3 +414,49 @@ def test_every_flag_says_what_it_does_and_its_default(monkeypatch):
                 if "(default" not in (action.help or ""):
                     missing.append(f"{parser.prog} {action.option_strings[0]}")
     assert checked > 60 and not missing, (checked, missing)
+
+
+def test_bench_train_prints_one_json_object():
+    r = tiny_lm("bench", "train", "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--seq-len", "32", "--vocab-size", "257",
+                "--batch-size", "2", "--steps", "20", "--json")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stdout
+    result = json.loads(lines[0])
+    for key in ["tokens_per_sec", "step_time_ms", "mfu", "peak_flops", "compile_s", "outside_step_fraction", "device", "config"]:
+        assert key in result, key
+    assert result["tokens_per_sec"] > 0 and 0 < result["mfu"] < 2 and 0 <= result["outside_step_fraction"] < 1
+    assert result["tokens_per_step"] == 2 * 2 * 32  # per device × the 2 devices × seq_len
+    assert abs(result["step_time_ms"] - 1e3 * result["tokens_per_step"] / result["tokens_per_sec"]) < 1e-6
+    assert result["device"]["num_devices"] == 2 and result["config"]["d_model"] == 32
+    bad = tiny_lm("bench", "train", "--steps", "0")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "at least 1" in bad.stderr
+
+
+def test_metrics_and_loss_plot(trained):
+    out, _ = trained
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val_loss" in r] == [40, 80]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == list(range(10, 81, 10))
+    assert all(r["tokens_per_sec"] > 0 and r["mfu"] > 0 and r["lr"] >= 0 and r["skipped"] == 0 for r in train)
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["mesh"] == {"data": 2, "fsdp": 1} and summary["effective_batch_size"] == 8
+    assert 0 < summary["mfu"] < 2 and 0 <= summary["outside_step_fraction"] < 1
+
+
+def test_resume_on_other_devices_keeps_the_global_batch(tmp_path):
+    """A run trained with a global batch of 6 on 2 devices resumes on 3 devices with 2 each, and refuses 4 devices with the nearest sizes."""
+    out = tmp_path / "o"
+    r = tiny_lm("train", *without(SMALL, "--batch-size"), "--batch-size", "3", "--max-steps", "2", "--save-every", "2", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    four = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    refused = tiny_lm("train", "--resume-from", str(out), "--output-dir", str(out), "--max-steps", "4", "--no-progress", env=four)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "a global batch of 6 sequences does not split over 4 devices: use 4 or 8" in refused.stderr
+    three = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+    resumed = tiny_lm("train", "--resume-from", str(out), "--output-dir", str(out), "--max-steps", "4", "--no-progress", env=three)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "2 per device on these 3 devices" in resumed.stdout
+    assert json.loads((out / "training_summary.json").read_text())["effective_batch_size"] == 6
