@@ -114,8 +114,11 @@ class Linear(nnx.Linear):
         self.lora_scale = cfg.lora_scale
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = super().__call__(x)
-        return y if self.lora is None else y + self.lora_scale * self.lora(x)
+        x_MI = x.reshape(-1, x.shape[-1])  # M: the leading axes as one (B·T), see above
+        y_MO = super().__call__(x_MI)
+        if self.lora is not None:
+            y_MO = y_MO + self.lora_scale * self.lora(x_MI)
+        return y_MO.reshape(*x.shape[:-1], y_MO.shape[-1])
 
 def _linear(d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None) -> Linear:
     return Linear(d_in, d_out, cfg, rngs, init)
