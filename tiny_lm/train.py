@@ -12,7 +12,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 import jax
@@ -28,8 +28,9 @@ from .sizing import flops_per_token
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'init_model', 'loss_fn', 'make_train_step',
-           'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops', 'TrainLog', 'fit']
+__all__ = ['PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'init_model', 'loss_fn',
+           'compiler_options', 'make_train_step', 'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops',
+           'TrainLog', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -132,12 +133,27 @@ def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Pa
     (loss, grads), _ = jax.lax.scan(body, zeros, (micro_ABT, jnp.arange(accum_steps)))
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
+@cache
+def _cpu_options() -> tuple[tuple[str, str], ...]:
+    if jax.default_backend() != "cpu":
+        return ()
+    options = (("xla_cpu_experimental_ynn_fusion_type", ""),)
+    try:  # an XLA without the option refuses it: then compile with the defaults
+        jax.jit(lambda x: x @ x, compiler_options=dict(options))(jnp.ones((8, 8))).block_until_ready()
+    except Exception:
+        return ()
+    return options
+
+def compiler_options() -> dict:
+    "XLA options for the train and eval steps: on a CPU, YNNPACK library fusions off (7–10 % faster steps measured); none elsewhere."
+    return dict(_cpu_options())
+
 def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0):
     "A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the initial state."
     graphdef, state = nnx.split((model, optimizer))
     use_dropout = model.cfg.dropout_rate > 0
 
-    @partial(jax.jit, donate_argnums=0)
+    @partial(jax.jit, donate_argnums=0, compiler_options=compiler_options())
     def train_step(state, batch_BT):
         model, optimizer = nnx.merge(graphdef, state)
         key = jax.random.fold_in(jax.random.key(seed), optimizer.step[...]) if use_dropout else None
@@ -152,7 +168,7 @@ def make_eval_step(model: Transformer, optimizer: nnx.Optimizer):
     "A jitted `eval_step(state, batch_BT) -> loss` over the same state as `make_train_step`."
     graphdef = nnx.graphdef((model, optimizer))
 
-    @jax.jit
+    @partial(jax.jit, compiler_options=compiler_options())
     def eval_step(state, batch_BT):
         model, _ = nnx.merge(graphdef, state)
         return loss_fn(model, batch_BT)
