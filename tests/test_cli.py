@@ -460,3 +460,23 @@ def test_resume_on_other_devices_keeps_the_global_batch(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "2 per device on these 3 devices" in resumed.stdout
     assert json.loads((out / "training_summary.json").read_text())["effective_batch_size"] == 6
+
+
+def test_non_finite_gradients_stop_the_run_with_checkpoints_intact(tmp_path):
+    """A learning rate that blows the model up: the updates with non-finite gradients are skipped, the run stops after
+    --max-skipped-steps in a row with one line and exit 2, and its checkpoints load with finite weights."""
+    out = tmp_path / "o"
+    r = tiny_lm("train", *without(SMALL, "--save-every", "--eval-every"), "--learning-rate", "1e6", "--warmup-steps", "0",
+                "--max-steps", "40", "--save-every", "2", "--eval-every", "100", "--log-every", "1", "--max-skipped-steps", "3",
+                "--output-dir", str(out))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "not finite for 3 steps in a row" in r.stderr and "Traceback" not in r.stderr
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in records][-3:] == [1, 2, 3]
+    saved = sorted(out.glob("checkpoint_step_*"))
+    assert saved
+    code = ("import sys, numpy as np, jax\nfrom flax import nnx\nfrom tiny_lm import load_checkpoint\n"
+            "model = load_checkpoint(sys.argv[1])[0]\n"
+            "assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(model)))")
+    check = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, env=ENV, timeout=120)
+    assert check.returncode == 0, check.stderr

@@ -462,7 +462,7 @@ class Trainer:
         accum = train_cfg.gradient_accumulation_steps
         say(f"model: {count_params(model):,} parameters | data: {how_data}, "
             f"{f'{per_epoch:.0f}' if per_epoch else 'unknown'} steps per epoch | unigram baseline {baseline:.3f} | {total_steps} steps")
-        say(f"mesh: {describe_mesh(mesh)} | effective batch: {train_cfg.batch_size} per device × {n} devices × {accum} accumulation "
+        say(f"mesh: {describe_mesh(mesh)} | effective batch: {train_cfg.batch_size} per device × {n} device{'s' if n != 1 else ''} × {accum} accumulation "
             f"= {global_batch * accum} sequences ({global_batch * accum * model_cfg.seq_len:,} tokens) per step")
         say(f"compute: {model_cfg.dtype} (parameters {model_cfg.param_dtype}) | {describe_attention(model_cfg)}")
         try:

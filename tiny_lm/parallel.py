@@ -76,7 +76,8 @@ def parse_mesh(spec: str, num_devices: int) -> dict[str, int]:
 
 def describe_mesh(mesh: Mesh) -> str:
     "`data=2 × fsdp=4 (8 devices)`."
-    return " × ".join(f"{k}={v}" for k, v in mesh.shape.items()) + f" ({mesh.devices.size} devices)"
+    n = mesh.devices.size
+    return " × ".join(f"{k}={v}" for k, v in mesh.shape.items()) + f" ({n} device{'s' if n != 1 else ''})"
 
 # %% ../nbs/05_parallel.ipynb #d01dfec3
 SHARDING_RULES: tuple[tuple[str, tuple | None], ...] = (
