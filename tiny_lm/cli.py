@@ -28,7 +28,7 @@ from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_to
 from .generate import generate
 from .model import PRECISIONS, ModelConfig, count_params, default_precision, describe_attention, merge_lora
 from .parallel import (batch_put, choose_mesh, describe_mesh, device_banner, device_info, global_put, initialize_distributed,
-                              is_main_process, make_mesh, parse_mesh, sharded_init, split_batch)
+                              is_main_process, make_mesh, parse_mesh, sharded_init, sharded_memory_bytes, split_batch)
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
@@ -299,9 +299,7 @@ def _prepare_data(source, tokenizer, data_cfg: DataConfig, seq_len: int, train_c
 # %% ../nbs/09_cli.ipynb #5f28ebf8
 def _warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1, say=print) -> None:
     report = size_report(model_cfg, per_device_batch, _device_memory())
-    memory = report["memory"]
-    state = memory["parameters"] + memory["gradients"] + memory["optimizer"]
-    report["train_memory_bytes"] = state / fsdp + memory["activations"]  # FSDP splits the state, not the activations
+    report["train_memory_bytes"] = sharded_memory_bytes(model_cfg, per_device_batch, fsdp)
     report["fits"] = report["train_memory_bytes"] <= 0.9 * report["device_memory_bytes"]
     if not report["fits"]:
         fix = (f"try --batch-size {report['fitting_batch'][0]} --gradient-accumulation-steps {report['fitting_batch'][1]} (per device)"
@@ -366,6 +364,10 @@ def _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, start
     }
 
 # %% ../nbs/09_cli.ipynb #1b20561d
+def _recorded_model(saved: dict, init) -> ModelConfig | None:
+    "The model configuration a resumed run (`saved`) or a fine-tuned base run (`init`) recorded; None for a new model."
+    return (ModelConfig.from_dict(saved["model"]) if saved else ModelConfig.from_dict(init[2]["config"]["model"]) if init else None)
+
 class Trainer:
     "A whole training run: tokenizer, data, a model on a mesh of every device, the loop, checkpoints and summary."
     def __init__(
@@ -396,17 +398,14 @@ class Trainer:
     def _model_config(self, vocab_size: int, saved: dict, init) -> ModelConfig:
         cfg = self.model_config
         if cfg is None:
-            cfg = (ModelConfig.from_dict(saved["model"]) if saved else ModelConfig.from_dict(init[2]["config"]["model"]) if init
-                   else replace(preset_config("tiny", vocab_size), dtype=default_precision()))
+            cfg = _recorded_model(saved, init) or replace(preset_config("tiny", vocab_size), dtype=default_precision())
         return replace(cfg(vocab_size) if callable(cfg) else cfg, vocab_size=vocab_size)
 
     def _mesh(self, model_cfg: ModelConfig):
-        n = jax.device_count()
-        spec = self.mesh_spec
-        sizes = (parse_mesh(spec, n) if isinstance(spec, str) else dict(spec) if spec is not None
-                 else choose_mesh(model_cfg, self.train_config.batch_size, n, _device_memory()))
-        if sizes["data"] * sizes["fsdp"] != n:
-            raise TinyLMError(f"the mesh {sizes} covers {sizes['data'] * sizes['fsdp']} devices but there are {n}: data × fsdp must equal {n}")
+        n, spec = jax.device_count(), self.mesh_spec
+        if isinstance(spec, dict):
+            spec = ",".join(f"{k}={v}" for k, v in spec.items())
+        sizes = parse_mesh(spec, n) if spec is not None else choose_mesh(model_cfg, self.train_config.batch_size, n, _device_memory())
         return make_mesh(sizes["data"], sizes["fsdp"])
 
     def fit(self) -> dict:
@@ -498,8 +497,7 @@ class Trainer:
 def _model_config_fn(args, saved: dict, init, model_over: dict) -> Callable[[int], ModelConfig]:
     "The model configuration the flags describe, as a function of the vocabulary size the tokenizer will have."
     def config(vocab_size: int) -> ModelConfig:
-        base = (ModelConfig.from_dict(saved["model"]) if saved else ModelConfig.from_dict(init[2]["config"]["model"]) if init
-                else _base_model(args, vocab_size))
+        base = _recorded_model(saved, init) or _base_model(args, vocab_size)
         cfg = _resize(base, model_over, vocab_size=vocab_size)
         return replace(cfg, dtype=default_precision()) if not saved and "dtype" not in model_over else cfg  # a new run: the device's precision
     return config

@@ -22,8 +22,9 @@ from .tokenizer import TinyLMError
 
 # %% auto #0
 __all__ = ['MESH_AXES', 'SHARDING_RULES', 'device_info', 'device_banner', 'make_mesh', 'parse_mesh', 'describe_mesh',
-           'param_spec', 'state_shardings', 'sharded_init', 'replicate', 'state_bytes_per_device', 'choose_mesh',
-           'batch_sharding', 'batch_put', 'global_put', 'split_batch', 'initialize_distributed', 'is_main_process']
+           'param_spec', 'state_shardings', 'sharded_init', 'replicate', 'state_bytes_per_device',
+           'sharded_memory_bytes', 'choose_mesh', 'batch_sharding', 'batch_put', 'global_put', 'split_batch',
+           'initialize_distributed', 'is_main_process']
 
 # %% ../nbs/05_parallel.ipynb #176c1bb0
 def device_info() -> dict:
@@ -127,12 +128,15 @@ def state_bytes_per_device(state) -> int:
     return max(per_device.values())
 
 # %% ../nbs/05_parallel.ipynb #400fc2a9
+def sharded_memory_bytes(cfg: ModelConfig, per_device_batch: int, fsdp: int = 1) -> float:
+    "Estimated training bytes per device when the state is split over `fsdp` devices (the activations are not)."
+    memory = train_memory_bytes(cfg, per_device_batch)
+    return (memory["parameters"] + memory["gradients"] + memory["optimizer"]) / fsdp + memory["activations"]
+
 def choose_mesh(cfg: ModelConfig, per_device_batch: int, num_devices: int, device_memory: int, headroom: float = 0.9) -> dict[str, int]:
     "`{'data': N, 'fsdp': M}`: replicated if the training state fits one device, else the smallest `fsdp` that fits (all devices if none does)."
-    memory = train_memory_bytes(cfg, per_device_batch)
-    state = memory["parameters"] + memory["gradients"] + memory["optimizer"]
     for fsdp in (f for f in range(1, num_devices + 1) if num_devices % f == 0):
-        if state / fsdp + memory["activations"] <= headroom * device_memory:
+        if sharded_memory_bytes(cfg, per_device_batch, fsdp) <= headroom * device_memory:
             return {"data": num_devices // fsdp, "fsdp": fsdp}
     return {"data": 1, "fsdp": num_devices}
 
