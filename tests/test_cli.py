@@ -143,6 +143,7 @@ BAD_INPUT = {
     "coordinator without a port": (["--coordinator-address", "localhost", "--num-processes", "2", "--process-id", "0"], "is not HOST:PORT"),
     "process id out of range": (["--coordinator-address", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"], "between 0 and --num-processes - 1 = 1"),
     "skipped steps": (["--max-skipped-steps", "0"], "--max-skipped-steps must be at least 1"),
+    "cpu devices": (["--cpu-devices", "0"], "--cpu-devices must be at least 1"),
 }
 
 def make_bad_files(tmp_path) -> dict:
@@ -480,3 +481,44 @@ def test_non_finite_gradients_stop_the_run_with_checkpoints_intact(tmp_path):
             "assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(model)))")
     check = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, env=ENV, timeout=120)
     assert check.returncode == 0, check.stderr
+
+
+CORES = {k: v for k, v in ENV.items() if k != "XLA_FLAGS"}  # no fake devices: tiny-lm splits the CPU into devices itself
+USABLE = len(os.sched_getaffinity(0))
+
+
+def test_cpu_split_into_devices_trains_like_one_device(tmp_path):
+    """--cpu-devices 3 with a batch of 8: 2 of the 3 devices share it (3 does not divide 8); losses equal one device's."""
+    runs = {}
+    for n in ("1", "3"):
+        out = tmp_path / n
+        r = tiny_lm("train", *without(SMALL, "--batch-size", "--eval-every"), "--batch-size", "8", "--max-steps", "20",
+                    "--eval-every", "10", "--log-every", "5", "--cpu-devices", n, "--output-dir", str(out), env=CORES)
+        assert r.returncode == 0, r.stderr
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        runs[n] = r.stdout, json.loads((out / "training_summary.json").read_text()), records
+    stdout, summary, records = runs["3"]
+    assert "training on the CPU, split into 3 devices that share each batch" in stdout
+    assert "mesh: data=2 × fsdp=1 (2 devices) | effective batch: 8 on the CPU (shared by 2 of its devices) × 1 accumulation = 8 sequences" in stdout
+    assert summary["device_info"]["cpu_cores_as_devices"] == 3 and summary["device_info"]["num_devices"] == 3
+    assert summary["mesh"] == {"data": 2, "fsdp": 1} and summary["effective_batch_size"] == 8
+    one_stdout, one, one_records = runs["1"]
+    assert one["device_info"]["cpu_cores_as_devices"] == 0 and one["device_info"]["num_devices"] == 1
+    assert "8 per device × 1 device × 1 accumulation" in one_stdout
+    losses = lambda rs, key: [(r["step"], round(r[key], 4)) for r in rs if key in r]
+    assert len(losses(records, "loss")) == 4 and len(losses(records, "val_loss")) == 2
+    for key in ("loss", "val_loss"):
+        for (step, a), (step1, b) in zip(losses(records, key), losses(one_records, key)):
+            assert step == step1 and abs(a - b) < 2e-4, (key, step, a, b)
+
+
+def test_cpu_devices_default_to_the_usable_cores():
+    """With no XLA_FLAGS and no --cpu-devices, bench train splits the CPU into one device per usable core."""
+    r = tiny_lm("bench", "train", "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--seq-len", "32", "--vocab-size", "257",
+                "--batch-size", "12", "--steps", "10", "--json", env=CORES)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["device"]["num_devices"] == USABLE
+    assert result["device"]["cpu_cores_as_devices"] == (USABLE if USABLE > 1 else 0)
+    assert result["mesh"]["data"] == max(d for d in range(1, USABLE + 1) if 12 % d == 0)
+    assert result["tokens_per_step"] == 12 * 32  # --batch-size is the whole CPU's

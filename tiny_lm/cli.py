@@ -27,16 +27,17 @@ from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_to
                           token_dtype, tokenize_documents, unigram_loss)
 from .generate import generate
 from .model import PRECISIONS, ModelConfig, count_params, default_precision, describe_attention, merge_lora
-from .parallel import (batch_put, choose_mesh, describe_mesh, device_banner, device_info, global_put, initialize_distributed,
-                              is_main_process, make_mesh, parse_mesh, sharded_init, sharded_memory_bytes, split_batch)
+from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh, device_banner, device_info,
+                              global_put, initialize_distributed, is_main_process, make_mesh, parse_mesh, sharded_init, sharded_memory_bytes,
+                              split_batch, usable_cores, use_cpu_cores)
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
 from .train import TrainConfig, fit, init_model, make_train_step, peak_flops
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'Trainer', 'run_train', 'run_generate', 'run_size', 'measure_speed',
-           'run_bench_data', 'run_bench_train', 'main']
+__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'run_train', 'run_generate',
+           'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -70,7 +71,7 @@ _HELP = {
     "d_ff": "MLP hidden width (default: the preset's)",
     "seq_len": "tokens of context (default: the preset's)", "activation": "MLP activation: gelu, relu or silu (default: the preset's)",
     "dropout_rate": "dropout on the embeddings and residual branches while training, in [0, 1); off in evaluation and generation (default: 0)",
-    "batch_size": "sequences per micro-batch on each device; the global batch is this × devices (default: 16)",
+    "batch_size": "sequences per micro-batch on each device, a CPU counting as one device (shared out over its cores); the global batch is this × devices (default: 16)",
     "max_skipped_steps": "stop after this many steps in a row with non-finite gradients, whose updates are skipped (default: 5)",
     "gradient_accumulation_steps": "micro-batches per optimizer step (default: 1)",
     "learning_rate": "peak learning rate after warmup (default: 3e-3)", "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
@@ -111,6 +112,7 @@ def _train_parser(sub) -> None:
     f.add_argument("--merge-lora", action="store_true", help="with --use-lora: also write OUTPUT_DIR/merged, a standalone model with the adapters folded in (default: off)")
     m = p.add_argument_group("devices and hosts")
     m.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (N × M = all devices): data replicates the model, fsdp shards parameters and optimizer state (default: replicate if the memory estimate fits, else the smallest fsdp that fits)")
+    m.add_argument("--cpu-devices", type=int, default=None, help=f"CPU runs: how many devices to show XLA the CPU as, for data parallelism over its cores; they share --batch-size (default: one per usable core, {usable_cores()} here, unless XLA_FLAGS sets a count; 1: one device)")
     m.add_argument("--coordinator-address", default=None, help="multi-host: HOST:PORT of process 0, given to every process (default: none, or detected on TPU pods and SLURM)")
     m.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (default: none, one process)")
     m.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index, 0 to --num-processes - 1 (default: none)")
@@ -275,7 +277,7 @@ SAMPLE_TOKENS = 500_000  # streaming: the prefix of the training split that give
 
 def _prepare_data(source, tokenizer, data_cfg: DataConfig, seq_len: int, train_cfg: TrainConfig, out: Path, bpt: float):
     "(batches of this process's rows, validation batches, unigram baseline, steps per epoch or None, one-line description)."
-    B = train_cfg.batch_size * jax.local_device_count()  # this process's rows of each global batch
+    B = train_cfg.batch_size * batch_devices() // jax.process_count()  # this process's rows of each global batch
     process = dict(process_index=jax.process_index(), process_count=jax.process_count())
     val_B = B * process["process_count"]  # validation batches are whole on every process
     val_batches = eval_windows(first_tokens(source, "val", tokenizer, train_cfg.eval_batches * val_B * seq_len + 1), seq_len, val_B, train_cfg.eval_batches)
@@ -368,6 +370,37 @@ def _recorded_model(saved: dict, init) -> ModelConfig | None:
     "The model configuration a resumed run (`saved`) or a fine-tuned base run (`init`) recorded; None for a new model."
     return (ModelConfig.from_dict(saved["model"]) if saved else ModelConfig.from_dict(init[2]["config"]["model"]) if init else None)
 
+def mesh_devices(per_device_batch: int) -> int:
+    "How many devices the run's mesh covers: every one, or on a split CPU as many cores as share the global batch evenly."
+    return cpu_mesh_devices(per_device_batch * batch_devices()) if cpu_split() else jax.device_count()
+
+def run_mesh(spec: str | dict | None, model_cfg: ModelConfig, per_device_batch: int):
+    "The run's mesh: `spec` (`--mesh`), else on a split CPU data-parallel over `mesh_devices`, else `choose_mesh`'s pick from the memory estimate."
+    n = mesh_devices(per_device_batch)
+    if isinstance(spec, dict):
+        spec = ",".join(f"{k}={v}" for k, v in spec.items())
+    if spec is not None:
+        sizes = parse_mesh(spec, n)
+    else:  # a CPU's cores share one memory: nothing to gain from sharding over them
+        sizes = {"data": n, "fsdp": 1} if cpu_split() else choose_mesh(model_cfg, per_device_batch, n, _device_memory())
+    return make_mesh(sizes["data"], sizes["fsdp"])
+
+def split_cpu(cpu_devices: int | None, distributed: bool = False) -> None:
+    "Before JAX starts: a CPU run's devices are its cores (`--cpu-devices`, default one per usable core; see 05_parallel)."
+    if cpu_devices is not None and cpu_devices < 1:
+        raise TinyLMError(f"--cpu-devices must be at least 1, got {cpu_devices}: 1 trains on the CPU as a single device")
+    if cpu_devices is None and distributed:
+        return  # many processes: each keeps the devices JAX finds
+    try:
+        use_cpu_cores(cpu_devices)
+    except TinyLMError:
+        if cpu_devices is not None:
+            raise TinyLMError(f"--cpu-devices {cpu_devices}: JAX has already started in this process, so its devices are fixed; "
+                              "run tiny-lm in a fresh process") from None
+        return  # tiny-lm called from Python after JAX started: keep its devices
+    if cpu_devices is not None and jax.default_backend() != "cpu":
+        print(f"note: --cpu-devices applies to CPU runs; this one runs on {jax.device_count()} × {jax.devices()[0].device_kind}")
+
 class Trainer:
     "A whole training run: tokenizer, data, a model on a mesh of every device, the loop, checkpoints and summary."
     def __init__(
@@ -401,13 +434,6 @@ class Trainer:
             cfg = _recorded_model(saved, init) or replace(preset_config("tiny", vocab_size), dtype=default_precision())
         return replace(cfg(vocab_size) if callable(cfg) else cfg, vocab_size=vocab_size)
 
-    def _mesh(self, model_cfg: ModelConfig):
-        n, spec = jax.device_count(), self.mesh_spec
-        if isinstance(spec, dict):
-            spec = ",".join(f"{k}={v}" for k, v in spec.items())
-        sizes = parse_mesh(spec, n) if spec is not None else choose_mesh(model_cfg, self.train_config.batch_size, n, _device_memory())
-        return make_mesh(sizes["data"], sizes["fsdp"])
-
     def fit(self) -> dict:
         "Train; returns the training summary (also written to output_dir/training_summary.json by process 0)."
         started, say, out = time.perf_counter(), self.say, self.output_dir
@@ -424,7 +450,7 @@ class Trainer:
         bpt = bytes_per_token(tokenizer, islice(source.documents("val"), 500))
         say(f"tokenizer: {bpt:.2f} bytes per token on validation text; documents separated by {document_separator(tokenizer)[1]}")
         model_cfg = self._model_config(tokenizer.get_vocab_size(), saved, init)
-        n = jax.device_count()
+        n = batch_devices()
         if saved.get("global_batch_size") and saved["global_batch_size"] != train_cfg.batch_size * n:
             per_device = split_batch(saved["global_batch_size"], n)
             say(f"note: the resumed run trained with a global batch of {saved['global_batch_size']}: {per_device} per device on these {n} devices")
@@ -433,7 +459,7 @@ class Trainer:
         if per_epoch is None and train_cfg.epochs is not None:
             raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
         total_steps = train_cfg.total_steps(per_epoch / train_cfg.gradient_accumulation_steps if per_epoch else math.inf)
-        mesh = self._mesh(model_cfg)
+        mesh = run_mesh(self.mesh_spec, model_cfg, train_cfg.batch_size)
         _warn_if_too_big(model_cfg, train_cfg.batch_size, mesh.shape["fsdp"], say)
         model, optimizer = sharded_init(lambda: init_model(model_cfg, train_cfg, total_steps), mesh)
         global_batch = train_cfg.batch_size * n
@@ -461,7 +487,9 @@ class Trainer:
         accum = train_cfg.gradient_accumulation_steps
         say(f"model: {count_params(model):,} parameters | data: {how_data}, "
             f"{f'{per_epoch:.0f}' if per_epoch else 'unknown'} steps per epoch | unigram baseline {baseline:.3f} | {total_steps} steps")
-        say(f"mesh: {describe_mesh(mesh)} | effective batch: {train_cfg.batch_size} per device × {n} device{'s' if n != 1 else ''} × {accum} accumulation "
+        per = (f"{train_cfg.batch_size} on the CPU (shared by {mesh.devices.size} of its devices)" if cpu_split() and n == 1 else
+               f"{train_cfg.batch_size} per {'CPU' if cpu_split() else 'device'} × {n} {'processes' if cpu_split() else 'device' + ('s' if n != 1 else '')}")
+        say(f"mesh: {describe_mesh(mesh)} | effective batch: {per} × {accum} accumulation "
             f"= {global_batch * accum} sequences ({global_batch * accum * model_cfg.seq_len:,} tokens) per step")
         say(f"compute: {model_cfg.dtype} (parameters {model_cfg.param_dtype}) | {describe_attention(model_cfg)}")
         try:
@@ -504,12 +532,13 @@ def _model_config_fn(args, saved: dict, init, model_over: dict) -> Callable[[int
 
 def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."
-    initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout)
+    distributed = initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout)
+    split_cpu(args.cpu_devices, distributed)
     saved, resume_root = _saved_run(args.resume_from)
     data_cfg, tok_cfg, model_over, train_cfg = configs_from_args(args, saved)
     init = _init_from(args)
     if args.mesh is not None:
-        parse_mesh(args.mesh, jax.device_count())  # a wrong mesh fails now, not after the tokenizer
+        parse_mesh(args.mesh, mesh_devices(args.batch_size))  # a wrong mesh fails now, not after the tokenizer
     tokenizer_given = args.vocab_size is not None or args.auto_vocab_size  # a reused tokenizer is checked against an asked size only
     trainer = Trainer(_model_config_fn(args, saved, init, model_over), train_cfg, data_cfg, args.output_dir, tok_cfg if tokenizer_given else None, mesh=args.mesh,
                       resume_from=resume_root, init_from=args.init_from, tokenizer_path=args.tokenizer_path,
@@ -675,7 +704,8 @@ def _bench_train_parser(kinds) -> None:
     t.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size of the random tokens (default: 4096)")
     t.add_argument("--batch-size", type=int, default=16, help=_HELP["batch_size"])
     t.add_argument("--gradient-accumulation-steps", type=int, default=1, help=_HELP["gradient_accumulation_steps"])
-    t.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (default: every device on data)")
+    t.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (default: as tiny-lm train chooses: replicated if the memory estimate fits)")
+    t.add_argument("--cpu-devices", type=int, default=None, help=f"CPU runs: how many devices to show XLA the CPU as, for data parallelism over its cores; they share --batch-size (default: one per usable core, {usable_cores()} here, unless XLA_FLAGS sets a count; 1: one device)")
     t.add_argument("--steps", type=int, default=300, help="training steps to time, after the first (compiling) interval (default: 300)")
     t.add_argument("--json", action="store_true", help="print one JSON object instead of lines of text (default: text)")
 
@@ -683,16 +713,15 @@ def run_bench_train(args) -> dict:
     "Time training steps of the flags' model on random tokens; print the rates (one JSON object with --json) and return them."
     if min(args.batch_size, args.gradient_accumulation_steps, args.steps, args.vocab_size) < 1:
         raise TinyLMError("--batch-size, --gradient-accumulation-steps, --steps and --vocab-size must be at least 1")
+    split_cpu(args.cpu_devices)
     _check_size_flags(args)
     dtype = _precision(args) or default_precision()
     cfg = _resize(_base_model(args, args.vocab_size), _model_overrides(args), dtype=dtype)
-    n = jax.device_count()
-    sizes = parse_mesh(args.mesh, n) if args.mesh else {"data": n, "fsdp": 1}
-    mesh = make_mesh(sizes["data"], sizes["fsdp"])
+    mesh = run_mesh(args.mesh, cfg, args.batch_size)
     log_every = max(1, args.steps // 10)
     train_cfg = TrainConfig(batch_size=args.batch_size, gradient_accumulation_steps=args.gradient_accumulation_steps,
                             max_steps=args.steps + log_every, warmup_steps=10, log_every=log_every)
-    local_rows = args.batch_size * jax.local_device_count()
+    local_rows = args.batch_size * batch_devices() // jax.process_count()
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, 4 * local_rows * args.gradient_accumulation_steps * (cfg.seq_len + 1) + 1)
     batches = Batches(tokens.astype(token_dtype(cfg.vocab_size)), cfg.seq_len, local_rows, process_index=jax.process_index(),
                       process_count=jax.process_count())

@@ -21,18 +21,25 @@ from .sizing import train_memory_bytes
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['MESH_AXES', 'SHARDING_RULES', 'device_info', 'device_banner', 'make_mesh', 'parse_mesh', 'describe_mesh',
+__all__ = ['MESH_AXES', 'SHARDING_RULES', 'cpu_split', 'device_info', 'device_banner', 'make_mesh', 'parse_mesh', 'describe_mesh',
            'param_spec', 'state_shardings', 'sharded_init', 'replicate', 'state_bytes_per_device',
            'sharded_memory_bytes', 'choose_mesh', 'batch_sharding', 'batch_put', 'global_put', 'split_batch',
-           'initialize_distributed', 'is_main_process']
+           'usable_cores', 'use_cpu_cores', 'batch_devices', 'cpu_mesh_devices', 'initialize_distributed',
+           'is_main_process']
 
 # %% ../nbs/05_parallel.ipynb #176c1bb0
+_cpu_split = 0  # how many devices `use_cpu_cores` (below) made of this process's CPU (0: none)
+
+def cpu_split() -> int:
+    "How many devices this run's CPU is split into by `use_cpu_cores` (0 if it is not, or the run is not on the CPU)."
+    return _cpu_split if _cpu_split > 1 and jax.default_backend() == "cpu" else 0
+
 def device_info() -> dict:
     "Backend, device count, device kind and device names of the run's devices (every process's), and the process layout."
     devices = jax.devices()
     return {"backend": jax.default_backend(), "num_devices": len(devices),
             "device_type": devices[0].device_kind, "devices": [str(d) for d in devices],
-            "process_count": jax.process_count(), "local_devices": jax.local_device_count()}
+            "process_count": jax.process_count(), "local_devices": jax.local_device_count(), "cpu_cores_as_devices": cpu_split()}
 
 def device_banner(info: dict | None = None) -> str:
     "The few lines a run prints first: which hardware it is about to use."
@@ -40,7 +47,10 @@ def device_banner(info: dict | None = None) -> str:
     bar = "=" * 60
     hosts = f" on {info['process_count']} processes" if info.get("process_count", 1) > 1 else ""
     lines = [bar, f"JAX {jax.__version__} | backend: {info['backend']} | {info['num_devices']} × {info['device_type']}{hosts}"]
-    if info["backend"] == "cpu" and info["num_devices"] == 1:
+    if info["backend"] == "cpu" and info.get("cpu_cores_as_devices"):
+        lines.append(f"No accelerator found: training on the CPU, split into {info['cpu_cores_as_devices']} devices that share "
+                     "each batch (fine for the tiny preset).")
+    elif info["backend"] == "cpu" and info["num_devices"] == 1:
         lines.append("No accelerator found: training on the CPU (fine for the tiny preset).")
     return "\n".join(lines + [bar])
 
@@ -165,6 +175,35 @@ def split_batch(global_batch: int, num_devices: int) -> int:
         raise TinyLMError(f"a global batch of {global_batch} sequences does not split over {num_devices} devices: use {sizes} "
                           f"(--batch-size is per device: --batch-size {max(lower, num_devices) // num_devices} gives {max(lower, num_devices)})")
     return global_batch // num_devices
+
+# %% ../nbs/05_parallel.ipynb #c9174be1
+def usable_cores() -> int:
+    "The CPU cores this process may run on."
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+def use_cpu_cores(n: int | None = None) -> int:
+    "Before JAX starts: show XLA the CPU as `n` devices (default: one per usable core, unless `XLA_FLAGS` sets a count); returns `n` (0: left alone)."
+    global _cpu_split
+    if n is None and "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return 0
+    n = usable_cores() if n is None else n
+    if n < 1:
+        raise TinyLMError(f"the CPU cannot be split into {n} devices: use 1 (one device) or more")
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        raise TinyLMError("use_cpu_cores must run before JAX starts: call it right after the imports, before any JAX computation") from None
+    _cpu_split = n
+    return n
+
+def batch_devices() -> int:
+    "How many devices `--batch-size` is per: every device, but a split CPU counts once (once per process)."
+    return jax.process_count() if cpu_split() else jax.device_count()
+
+def cpu_mesh_devices(global_batch: int) -> int:
+    "How many of a split CPU's devices train a `global_batch`: the most that share it evenly (all of them on many hosts)."
+    n = jax.device_count()
+    return n if jax.process_count() > 1 else max(d for d in range(1, n + 1) if global_batch % d == 0)
 
 # %% ../nbs/05_parallel.ipynb #a28b08a3
 _CLUSTER_VARS = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
