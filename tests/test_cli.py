@@ -174,7 +174,7 @@ def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, case):
     base = [] if "--auto-vocab-size" in args and case != "vocab flags clash" else SMALL
     if case in ("target too small", "prefer depth alone"):
         base = NO_DIMS
-    r = tiny_lm("train", *base, "--max-steps", "5", "--output-dir", str(out), *args)
+    r = tiny_lm("train", *base, "--max-steps", "5", "--output-dir", str(out), "--overwrite", *args)  # a new run: checked before it replaces anything
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert message in r.stderr
     assert "Traceback" not in r.stderr
@@ -502,6 +502,8 @@ def test_cpu_split_into_devices_trains_like_one_device(tmp_path):
     assert "mesh: data=2 × fsdp=1 (2 devices) | effective batch: 8 on the CPU (shared by 2 of its devices) × 1 accumulation = 8 sequences" in stdout
     assert summary["device_info"]["cpu_cores_as_devices"] == 3 and summary["device_info"]["num_devices"] == 3
     assert summary["mesh"] == {"data": 2, "fsdp": 1} and summary["effective_batch_size"] == 8
+    generated = tiny_lm("generate", "--checkpoint", str(tmp_path / "3"), "--prompt", "ROMEO:", "--max-tokens", "5", env=CORES)
+    assert generated.returncode == 0 and generated.stdout.strip(), generated.stderr  # saved on 3 devices, read on 1
     one_stdout, one, one_records = runs["1"]
     assert one["device_info"]["cpu_cores_as_devices"] == 0 and one["device_info"]["num_devices"] == 1
     assert "8 per device × 1 device × 1 accumulation" in one_stdout

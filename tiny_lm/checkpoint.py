@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -23,7 +24,7 @@ from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['STEP_PREFIX', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore',
-           'run_meta', 'restore_weights', 'load_checkpoint']
+           'set_aside', 'run_meta', 'restore_weights', 'load_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -51,6 +52,7 @@ class Checkpointer:
             step_name_format=ocp.step.standard_name_format(step_prefix=STEP_PREFIX),
             preservation_policy=policy, create=not read_only, read_only=read_only)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.pending: int | None = None  # the step whose save is in flight
 
     def steps(self) -> list[int]:
         "Committed steps, oldest first."
@@ -66,15 +68,44 @@ class Checkpointer:
             items["optimizer"] = ocp.args.StandardSave(nnx.state(optimizer))
         if data is not None:
             items["data"] = DataStateSave(data)
-        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics if "val_loss" in metrics else None, force=True)
+        self.wait()  # the previous save first (Orbax waits for it anyway): a failure there is reported now
+        arrays = [x for item in ("model", "optimizer") if item in items for x in jax.tree.leaves(items[item].item)]
+        need = sum(x.nbytes for x in arrays) // jax.process_count() + 2**20  # this process's share, and Orbax's index files
+        free = shutil.disk_usage(self.directory).free
+        if free < need:
+            raise _write_error(self.directory, step, f"the disk is full ({free / 2**20:.1f} MiB free, the checkpoint needs about {need / 2**20:.1f} MiB)")
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics if "val_loss" in metrics else None, force=True)
+        except Exception as e:
+            raise _write_error(self.directory, step, e) from None
+        self.pending = step
 
     def wait(self) -> None:
-        "Block until every pending save is committed to disk."
-        self.manager.wait_until_finished()
+        "Block until every pending save is committed to disk; an error naming the step if one failed."
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise _write_error(self.directory, self.pending, e) from None
+        if self.pending is not None:
+            self.manager.reload()
+            if self.pending not in self.manager.all_steps():
+                raise _write_error(self.directory, self.pending, "the save did not complete (see the messages above)")
+        self.pending = None
 
     def close(self) -> None:
         "Finish pending saves and release the manager."
         self.manager.close()
+
+# %% ../nbs/06_checkpoint.ipynb #ec6364d7
+_REASONS = {"No space left on device": "the disk is full (no space left on device)", "File too large": "a file size limit was reached (file too large)",
+            "Permission denied": "permission denied", "Read-only file system": "the file system is read-only"}
+
+def _write_error(directory: Path, step: int | None, error) -> TinyLMError:
+    "The one-line error for a checkpoint that could not be written: step, folder, reason, and what is safe."
+    text = str(error)
+    reason = next((r for k, r in _REASONS.items() if k in text), (text.splitlines() or [type(error).__name__])[0][:200])
+    return TinyLMError(f"cannot write the checkpoint of step {step} in {directory}: {reason}. The earlier checkpoints are intact: "
+                       "free some space (or pass another --output-dir) and run the same command again to continue")
 
 # %% ../nbs/06_checkpoint.ipynb #d929f603
 class DataStateHandler(ocp.CheckpointHandler):
@@ -108,8 +139,9 @@ class DataStateRestore(ocp.args.CheckpointArgs):
 
 # %% ../nbs/06_checkpoint.ipynb #9c33e439
 def _targets(state: nnx.State):
-    "Shape, dtype and sharding of every array in `state`: what Orbax restores into."
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), state)
+    "Shape, dtype and sharding of every array in `state` (an abstract one, from `nnx.eval_shape`, lands on the first device): what Orbax restores into."
+    first = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None) or first), state)
 
 def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | None = None, step: int | None = None) -> dict:
     "Restore the newest readable step (or `step`) into `model` (and `optimizer`); returns its meta record (with the data state under 'data')."
@@ -128,15 +160,28 @@ def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | No
         except TinyLMError:
             raise
         except Exception as e:  # a damaged step: note it and try the previous one
-            errors.append(f"step {s}: {type(e).__name__}")
+            errors.append((s, type(e).__name__))
             continue
         nnx.update(model, restored["model"])
         if optimizer is not None:
             nnx.update(optimizer, restored["optimizer"])
         if errors:
-            print(f"warning: skipped unreadable checkpoints ({'; '.join(errors)}), restored step {s}")
-        return {**restored["meta"], "data": restored.get("data")}
-    raise TinyLMError(f"no readable checkpoint in {ckpt.directory} ({'; '.join(errors)}): delete the damaged checkpoint_step_* folders or start a new run")
+            damaged = ", ".join(f"{STEP_PREFIX}_{d} ({why})" for d, why in errors)
+            print(f"warning: {damaged} in {ckpt.directory} cannot be read (damaged or cut short): restored step {s} instead")
+        return {**restored["meta"], "data": restored.get("data"), "damaged": [d for d, _ in errors]}
+    raise TinyLMError(f"no readable checkpoint in {ckpt.directory} ({', '.join(f'step {d}: {why}' for d, why in errors)}): "
+                      "delete the damaged checkpoint_step_* folders or start a new run")
+
+def set_aside(directory: Path, steps: list[int]) -> list[Path]:
+    "Rename damaged step folders to `checkpoint_step_N.damaged` (kept for inspection; Orbax no longer lists them), so the step can be saved again."
+    moved = []
+    for step in steps:
+        src, n = Path(directory) / f"{STEP_PREFIX}_{step}", 0
+        while (dst := src.with_name(f"{src.name}.damaged" + (f"-{n}" if n else ""))).exists():
+            n += 1
+        src.rename(dst)
+        moved.append(dst)
+    return moved
 
 # %% ../nbs/06_checkpoint.ipynb #82e1ea38
 def _locate(path: Path) -> tuple[Path, int | None]:

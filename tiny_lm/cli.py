@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -22,7 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from .checkpoint import STEP_PREFIX, Checkpointer, load_checkpoint, restore, restore_weights, run_meta
+from .checkpoint import STEP_PREFIX, Checkpointer, load_checkpoint, restore, restore_weights, run_meta, set_aside
 from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_tokens, load_tokens, open_source,
                           token_dtype, tokenize_documents, unigram_loss)
 from .generate import generate
@@ -33,11 +35,11 @@ from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, 
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
-from .train import TrainConfig, fit, init_model, make_train_step, peak_flops
+from .train import Interrupted, TrainConfig, fit, init_model, make_train_step, peak_flops
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'run_train', 'run_generate',
-           'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train', 'main']
+__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'committed_steps', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer',
+           'run_train', 'run_generate', 'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -48,7 +50,8 @@ _MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "num_kv_hea
 _SHAPE_FLAGS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")  # what --target-params decides
 _TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_rate": float, "weight_decay": float,
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
-                "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int}
+                "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int,
+                "save_every_minutes": float, "keep_checkpoints": int}
 _MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
 _HELP = {
     "dataset_id": "builtin:python-stdlib, a local .txt/.jsonl/.json/.parquet/.csv file or folder (.gz too), or a hub dataset id (default: builtin:python-stdlib)",
@@ -80,6 +83,8 @@ _HELP = {
     "epochs": "passes over the training data instead of --max-steps (default: none)",
     "eval_every": "steps between validation evaluations (default: 100)", "eval_batches": "validation batches per evaluation (default: 10)",
     "log_every": "steps between progress updates (default: 10)", "save_every": "steps between checkpoints (default: 200)",
+    "save_every_minutes": "also save a checkpoint when this many minutes of wall time passed since the last one, for disconnects that send no signal (default: 10; 0: by steps only)",
+    "keep_checkpoints": "checkpoint_step_N folders to keep, newest first; the best by validation loss is kept besides (default: 2)",
     "seed": "seed of the parameters, the batch order and the shuffle buffer (default: 0)",
 }
 
@@ -118,7 +123,8 @@ def _train_parser(sub) -> None:
     m.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index, 0 to --num-processes - 1 (default: none)")
     m.add_argument("--coordinator-timeout", type=int, default=60, help="multi-host: seconds to wait for the coordinator and the other processes (default: 60)")
     g.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go (default: output)")
-    g.add_argument("--resume-from", default=None, help="a run folder to continue from its newest checkpoint (default: none, a new run)")
+    g.add_argument("--resume-from", default=None, help="a run folder to continue from its newest readable checkpoint, or one of its checkpoint_step_N folders (default: none; an --output-dir that holds a run is continued)")
+    g.add_argument("--overwrite", action="store_true", help="start a new run in an --output-dir that holds one, replacing its checkpoints (default: off, continue that run)")
     g.add_argument("--sample-prompt", default="", help="prompt of the sample printed at the end (default: empty, a new document)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar, for logs (default: off, show it)")
 
@@ -264,13 +270,36 @@ def _prepare_tokenizer(source, tok_cfg: TokenizerConfig, out: Path, given: Path 
                                        expect_vocab_size=expect_vocab_size, on_choice=say)
     return tokenizer, f"{'trained' if trained else 'reusing'} tokenizer {target} ({tokenizer.get_vocab_size()} tokens)"
 
+def committed_steps(out: str | Path) -> list[int]:
+    "Steps of the complete `checkpoint_step_N` folders in `out` (empty when it holds no run)."
+    found = (re.fullmatch(rf"{STEP_PREFIX}_(\d+)", p.name) for p in Path(out).glob(f"{STEP_PREFIX}_*") if p.is_dir())
+    return sorted(int(m.group(1)) for m in found if m)
+
 def _clear_old_checkpoints(out: Path) -> None:
-    "A new run in a folder of an earlier run replaces its checkpoints (--resume-from keeps them)."
+    "An --overwrite run in a folder of an earlier run replaces its checkpoints."
     old = sorted(out.glob(f"{STEP_PREFIX}_*"))
     if old:
-        print(f"note: {out} holds checkpoints of an earlier run ({', '.join(p.name for p in old)}); this new run replaces them (use --resume-from {out} to continue it instead)")
+        print(f"note: --overwrite: this new run replaces the checkpoints of the earlier run in {out} ({', '.join(p.name for p in old)})")
         for p in old:
             shutil.rmtree(p)
+
+def _continue_existing(args) -> None:
+    "An --output-dir that holds a run continues it (sets --resume-from), unless --overwrite says to start afresh."
+    out = Path(args.output_dir)
+    if args.overwrite and args.resume_from is not None:
+        raise TinyLMError("--overwrite starts a new run and --resume-from continues one: give only one of them")
+    steps = committed_steps(out)
+    if args.resume_from is not None or args.overwrite or not steps:
+        return
+    if args.init_from is not None:
+        if Path(args.init_from).resolve() == out.resolve():
+            return  # the --init-from checks explain this one
+        base = (run_meta(out)[2]["config"].get("init_from") or {}).get("path")
+        if base is None or Path(base).resolve() != run_meta(Path(args.init_from))[0].resolve():
+            raise TinyLMError(f"{out} holds another run (newest checkpoint: step {steps[-1]}): pass --overwrite to replace it with this fine-tune, or choose another --output-dir")
+        args.init_from = None  # the same fine-tune again: continue it from its own checkpoints
+    print(f"note: {out} holds a run (newest checkpoint: step {steps[-1]}): continuing it; --overwrite starts a new run there instead")
+    args.resume_from = str(out)
 
 # %% ../nbs/09_cli.ipynb #a17ed9a1
 SAMPLE_TOKENS = 500_000  # streaming: the prefix of the training split that gives the unigram baseline
@@ -418,12 +447,16 @@ class Trainer:
         merge_lora: bool = False,  # a LoRA run also writes output_dir/merged
         sample_prompt: str | None = "",  # prompt of the sample printed at the end (None: no sample)
         progress: bool = True,
+        overwrite: bool = False,  # an output_dir that holds a run: start afresh (True) or continue it (False)
     ):
         self.model_config, self.train_config = model_config, train_config or TrainConfig()
         self.data_config, self.tokenizer_config = data_config or DataConfig(), tokenizer_config or TokenizerConfig()
         self.expect_vocab_size = None if tokenizer_config is None or tokenizer_config.auto_vocab_size else tokenizer_config.vocab_size
         self.output_dir, self.mesh_spec, self.progress = Path(output_dir), mesh, progress
         self.resume_from = Path(resume_from) if resume_from is not None else None
+        if self.resume_from is None and not overwrite and committed_steps(self.output_dir):
+            self.resume_from = self.output_dir  # never start over a run by accident: continue it
+        self.overwrite = overwrite
         self.init_from, self.tokenizer_path = init_from, Path(tokenizer_path) if tokenizer_path else None
         self.retrain_tokenizer, self.merge_lora, self.sample_prompt = retrain_tokenizer, merge_lora, sample_prompt
         self.say = print if is_main_process() else (lambda *a, **k: None)
@@ -476,10 +509,19 @@ class Trainer:
                 if meta.get("data") is None:
                     raise TinyLMError(f"{self.resume_from} was trained on cached data (its checkpoints hold no stream state): resume it with --no-streaming")
                 batches.load_state(meta["data"])
+            if meta["damaged"] and self.resume_from.resolve() == out.resolve() and is_main_process():
+                moved = set_aside(out, meta["damaged"])
+                say(f"moved the unreadable {', '.join(p.name.removesuffix('.damaged') for p in moved)} aside (now {', '.join(p.name for p in moved)})")
             say(f"resumed {self.resume_from} at step {start} of {total_steps}")
+            if start >= total_steps:
+                say(f"the run is complete (step {start} of {total_steps}): raise --max-steps or --epochs to train further, or pass --overwrite to start afresh")
+                if isinstance(batches, StreamingBatches):
+                    batches.close()
+                done = out / "training_summary.json"
+                return json.loads(done.read_text()) if done.exists() else {"total_steps": start}
         elif is_main_process():
             _clear_old_checkpoints(out)
-        ckpt = Checkpointer(out, meta={"config": config, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)})
+        ckpt = Checkpointer(out, meta={"config": config, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}, keep=train_cfg.keep_checkpoints)
         if is_main_process():
             (out / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
             if start == 0:
@@ -534,6 +576,7 @@ def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."
     distributed = initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout)
     split_cpu(args.cpu_devices, distributed)
+    _continue_existing(args)
     saved, resume_root = _saved_run(args.resume_from)
     data_cfg, tok_cfg, model_over, train_cfg = configs_from_args(args, saved)
     init = _init_from(args)
@@ -543,7 +586,7 @@ def run_train(args) -> dict:
     trainer = Trainer(_model_config_fn(args, saved, init, model_over), train_cfg, data_cfg, args.output_dir, tok_cfg if tokenizer_given else None, mesh=args.mesh,
                       resume_from=resume_root, init_from=args.init_from, tokenizer_path=args.tokenizer_path,
                       retrain_tokenizer=args.retrain_tokenizer, merge_lora=args.merge_lora, sample_prompt=args.sample_prompt,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, overwrite=args.overwrite)
     return trainer.fit()
 
 # %% ../nbs/09_cli.ipynb #297fe33f
@@ -746,6 +789,8 @@ def run_bench_train(args) -> dict:
     return result
 
 # %% ../nbs/09_cli.ipynb #961cfc54
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
+
 def main(argv: list[str] | None = None) -> int:
     "Run `tiny-lm` with `argv` (default: the process's arguments); returns the exit status."
     parser = argparse.ArgumentParser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX.")
@@ -762,7 +807,16 @@ def main(argv: list[str] | None = None) -> int:
     except TinyLMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: the last completed checkpoint is intact; continue with --resume-from", file=sys.stderr)
+    except OSError as e:  # a full disk or a folder that cannot be written, outside the checkpointer's own checks
+        if e.errno not in _WRITE_ERRORS:
+            raise
+        print(f"error: cannot write {e.filename or 'a file'}: {e.strerror}; free some space or fix the folder's permissions, "
+              "then run the same command again (the earlier checkpoints are intact)", file=sys.stderr)
+        return 2
+    except Interrupted as e:  # SIGTERM or Ctrl-C: the step in flight finished and was saved
+        print(f"{e} in {args.output_dir}: run the same command to continue from it", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C: at once
+        print("interrupted at once: the newest complete checkpoint is intact; run the same command to continue from it", file=sys.stderr)
         return 130
     return 0

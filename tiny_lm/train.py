@@ -9,9 +9,12 @@ import json
 import math
 import os
 import platform
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from contextlib import contextmanager
 from functools import cache, partial
 from pathlib import Path
 
@@ -30,7 +33,7 @@ from .tokenizer import TinyLMError
 # %% auto #0
 __all__ = ['PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'init_model', 'loss_fn',
            'compiler_options', 'make_train_step', 'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops',
-           'TrainLog', 'fit']
+           'TrainLog', 'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -51,17 +54,21 @@ class TrainConfig:
     eval_batches: int = 10  # validation batches per evaluation
     log_every: int = 10  # progress-bar update interval, in steps
     save_every: int = 200  # checkpoint interval, in steps (and at the end)
+    save_every_minutes: float = 10.0  # also checkpoint when this many minutes passed since the last save (0: by steps only)
+    keep_checkpoints: int = 2  # checkpoint_step_N folders kept (newest first), besides the best by validation loss
     seed: int = 0  # seeds parameters and batch order
     max_skipped_steps: int = 5  # non-finite gradients in a row (updates skipped) that stop the run
 
     def __post_init__(self):
         if self.max_steps is None and self.epochs is None:
             raise TinyLMError("give --max-steps or --epochs: a run needs an end")
-        for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every", "max_skipped_steps"):
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every", "max_skipped_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 0 or self.epochs is not None and self.epochs <= 0:
             raise TinyLMError(f"--max-steps must be ≥ 0 and --epochs > 0 (got {self.max_steps} and {self.epochs})")
+        if self.save_every_minutes < 0:
+            raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), got {self.save_every_minutes}")
         if self.learning_rate <= 0:
             raise TinyLMError(f"--learning-rate must be positive, got {self.learning_rate}")
 
@@ -331,6 +338,40 @@ def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
     fig.savefig(out, dpi=100)
     return out
 
+# %% ../nbs/04_train.ipynb #b752fc83
+class Interrupted(Exception):
+    "Training stopped on SIGTERM or Ctrl-C after `step` (its checkpoint saved when `fit` had a checkpoint callback)."
+    def __init__(self, signum: int, step: int, saved: bool):
+        self.signum, self.step, self.saved = signum, step, saved
+        self.exit_code = 128 + signum  # what a shell reports for a process the signal ended: 143 (SIGTERM), 130 (Ctrl-C)
+        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        super().__init__(f"stopped by {name} after step {step}{', its checkpoint saved' if saved else ''}")
+
+@contextmanager
+def stop_signals():
+    "While open: SIGTERM and a first Ctrl-C are appended to the yielded list (stop after this step); a second Ctrl-C interrupts at once."
+    requested: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield requested
+        return
+    def ask(signum, frame):
+        if signum == signal.SIGINT and signal.SIGINT in requested:
+            raise KeyboardInterrupt
+        requested.append(signum)
+    previous = {s: signal.signal(s, ask) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield requested
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+def _on_any_process(flag: bool) -> bool:
+    "True on every process when `flag` is true on any of them."
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+    return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
+
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
     model: Transformer, optimizer: nnx.Optimizer,
@@ -353,43 +394,51 @@ def fit(
     metrics_path = Path(output_dir) / "metrics.jsonl" if output_dir is not None else None
     bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     last_eval, loader = {}, step_batches(batches, start_step, cfg.gradient_accumulation_steps)
-    try:
-        for step in range(start_step, total_steps):
-            fetched = time.perf_counter()
-            batch, data_state = next(loader)
-            batch_BT = put(batch)
-            called = time.perf_counter()
-            state, metrics = train_step(state, batch_BT)
-            if run.steps == 0:  # the first call traces and compiles before it dispatches
-                run.compile_seconds, run.tokens_per_step = time.perf_counter() - called, batch_BT.shape[0] * model.cfg.seq_len
-                run.eval_seconds += run.compile_seconds  # out of the rates, like evaluation
-            run.outside += called - fetched
-            done = step + 1
-            run.steps += 1
-            if done % cfg.log_every == 0 or done == total_steps:
-                _record(run, done, metrics, float(schedule(step)), bar, cfg.max_skipped_steps, metrics_path)
-            bar.update(1)
-            evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
-            saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps)
-            if evaluating or saving:
-                jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
-                paused = time.perf_counter()
-                if evaluating:
-                    last_eval = dict(step=done, val_loss=evaluate(eval_step, state, val_batches, val_put))
-                    run.evals.append(last_eval)
-                    _write_jsonl(metrics_path, last_eval)
-                    if metrics_path is not None:
-                        plot_losses(metrics_path)
-                    (bar.write if progress else log)(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {last_eval['val_loss']:.4f}")
-                if saving:
-                    nnx.update((model, optimizer), state)
-                    data = {} if data_state is None else {"data": data_state()}
-                    checkpoint(done, model, optimizer, dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None), **data)
-                run.eval_seconds += time.perf_counter() - paused
-    finally:  # donated buffers: the objects must get the live state back, even after an exception
-        loader.close()
-        bar.close()
-        nnx.update((model, optimizer), state)
+    last_save = time.monotonic()
+    with stop_signals() as requested:  # SIGTERM or Ctrl-C: save after this step, then stop
+        try:
+            for step in range(start_step, total_steps):
+                fetched = time.perf_counter()
+                batch, data_state = next(loader)
+                batch_BT = put(batch)
+                called = time.perf_counter()
+                state, metrics = train_step(state, batch_BT)
+                if run.steps == 0:  # the first call traces and compiles before it dispatches
+                    run.compile_seconds, run.tokens_per_step = time.perf_counter() - called, batch_BT.shape[0] * model.cfg.seq_len
+                    run.eval_seconds += run.compile_seconds  # out of the rates, like evaluation
+                run.outside += called - fetched
+                done = step + 1
+                run.steps += 1
+                if done % cfg.log_every == 0 or done == total_steps:
+                    _record(run, done, metrics, float(schedule(step)), bar, cfg.max_skipped_steps, metrics_path)
+                bar.update(1)
+                evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
+                agree = jax.process_count() == 1 or done % cfg.log_every == 0  # many processes compare notes at log steps only
+                stop = agree and done < total_steps and _on_any_process(bool(requested))
+                late = agree and cfg.save_every_minutes > 0 and _on_any_process(time.monotonic() - last_save >= 60 * cfg.save_every_minutes)
+                saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late or stop)
+                if evaluating or saving:
+                    jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
+                    paused = time.perf_counter()
+                    if evaluating:
+                        last_eval = dict(step=done, val_loss=evaluate(eval_step, state, val_batches, val_put))
+                        run.evals.append(last_eval)
+                        _write_jsonl(metrics_path, last_eval)
+                        if metrics_path is not None:
+                            plot_losses(metrics_path)
+                        (bar.write if progress else log)(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {last_eval['val_loss']:.4f}")
+                    if saving:
+                        nnx.update((model, optimizer), state)
+                        data = {} if data_state is None else {"data": data_state()}
+                        checkpoint(done, model, optimizer, dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None), **data)
+                        last_save = time.monotonic()
+                    run.eval_seconds += time.perf_counter() - paused
+                if stop:
+                    raise Interrupted(requested[0], done, saving)
+        finally:  # donated buffers: the objects must get the live state back, even after an exception
+            loader.close()
+            bar.close()
+            nnx.update((model, optimizer), state)
     run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
     if metrics_path is not None and metrics_path.exists():
         plot_losses(metrics_path)

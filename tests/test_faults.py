@@ -1,0 +1,198 @@
+"""Faults, in real subprocesses: SIGTERM and Ctrl-C, kill -9 at any moment, a damaged newest checkpoint, a full disk,
+and a run folder that is continued rather than overwritten."""
+import json
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_cli import ENV, SMALL, tiny_lm, without
+
+# 60 short steps, a checkpoint every 3 of them and a metrics line every step: plenty of moments to interrupt
+RUN = [*without(SMALL, "--eval-every", "--save-every"), "--eval-every", "30", "--save-every", "3", "--log-every", "1",
+       "--save-every-minutes", "0", "--max-steps", "60"]
+
+
+def start(out: Path, *args: str, preexec_fn=None) -> subprocess.Popen:
+    return subprocess.Popen(["tiny-lm", "train", *args, "--output-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV, preexec_fn=preexec_fn)
+
+
+def logged_steps(out: Path) -> int:
+    """The newest step metrics.jsonl records (0 before the first)."""
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    return max((json.loads(line)["step"] for line in lines if line.endswith("}")), default=0)
+
+
+def wait_until(condition, proc: subprocess.Popen, timeout: float = 180):
+    """Poll `condition()` every millisecond or so until it is true; fails if the process ends first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the run ended first: {proc.communicate()}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def steps_on_disk(out: Path) -> list:
+    return sorted(int(p.name.rsplit("_", 1)[1]) for p in out.glob("checkpoint_step_*") if re.fullmatch(r"checkpoint_step_\d+", p.name))
+
+
+def losses(out: Path) -> dict:
+    """(loss or val_loss, step) -> value in metrics.jsonl; a resumed run appends, and its record of a repeated step wins."""
+    records = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    return {(key, r["step"]): r[key] for r in records for key in ("loss", "val_loss") if key in r}
+
+
+def final_params(out: Path) -> list:
+    from flax import nnx
+    import jax
+    from tiny_lm.checkpoint import load_checkpoint
+    model, _, _ = load_checkpoint(out / "checkpoint_step_60")
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run."""
+    out = tmp_path_factory.mktemp("reference") / "o"
+    r = tiny_lm("train", *RUN, "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    return losses(out), final_params(out)
+
+
+@pytest.mark.parametrize("moment", ["mid-step", "mid-save"])
+def test_kill_9_then_the_same_command_equals_an_uninterrupted_run(reference, tmp_path, moment):
+    out = tmp_path / "o"
+    p = start(out, *RUN)
+    if moment == "mid-step":
+        wait_until(lambda: logged_steps(out) >= 20, p)
+    else:  # the moment a step folder is being written: Orbax's temporary folder exists
+        wait_until(lambda: logged_steps(out) >= 10 and any(out.glob("checkpoint_step_*.orbax-checkpoint-tmp*")), p)
+    p.kill()
+    p.communicate()
+    assert p.returncode == -signal.SIGKILL
+    assert steps_on_disk(out) and max(steps_on_disk(out)) < 60
+    r = tiny_lm("train", *RUN, "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    newest = max(int(m) for m in re.findall(r"holds a run \(newest checkpoint: step (\d+)\): continuing it", r.stdout))
+    assert f"resumed {out} at step {newest} of 60" in r.stdout
+    ref_losses, ref_params = reference
+    assert losses(out) == ref_losses  # every step's loss, bit for bit
+    for a, b in zip(ref_params, final_params(out), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sigterm_finishes_the_step_saves_and_exits_143(tmp_path):
+    out = tmp_path / "o"
+    p = start(out, *without(RUN, "--max-steps"), "--max-steps", "100000")
+    wait_until(lambda: logged_steps(out) >= 12, p)
+    sent = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, stderr = p.communicate(timeout=30)
+    assert p.returncode == 143 and time.monotonic() - sent < 10, stderr
+    last = stderr.strip().splitlines()[-1]
+    m = re.fullmatch(r"stopped by SIGTERM after step (\d+), its checkpoint saved in (.+): run the same command to continue from it", last)
+    assert m and m.group(2) == str(out), last
+    step = int(m.group(1))
+    assert steps_on_disk(out)[-1] == step
+    r = tiny_lm("train", *without(RUN, "--max-steps"), "--max-steps", str(step + 3), "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"resumed {out} at step {step} of {step + 3}" in r.stdout
+
+
+def test_ctrl_c_once_saves_twice_stops_at_once(tmp_path):
+    out = tmp_path / "once"
+    p = start(out, *without(RUN, "--max-steps"), "--max-steps", "100000")
+    wait_until(lambda: logged_steps(out) >= 8, p)
+    p.send_signal(signal.SIGINT)
+    _, stderr = p.communicate(timeout=30)
+    assert p.returncode == 130 and "stopped by Ctrl-C after step" in stderr.strip().splitlines()[-1], stderr
+    out = tmp_path / "twice"
+    p = start(out, *without(RUN, "--max-steps"), "--max-steps", "100000")
+    wait_until(lambda: len(steps_on_disk(out)) >= 2, p)
+    p.send_signal(signal.SIGINT)
+    p.send_signal(signal.SIGINT)
+    _, stderr = p.communicate(timeout=30)
+    assert p.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    r = tiny_lm("train", *without(RUN, "--max-steps"), "--max-steps", str(steps_on_disk(out)[-1] + 2), "--output-dir", str(out))
+    assert r.returncode == 0 and "continuing it" in r.stdout, r.stderr
+
+
+def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path):
+    out = tmp_path / "o"
+    r = tiny_lm("train", *without(RUN, "--max-steps", "--save-every"), "--max-steps", "20", "--save-every", "5", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    for f in (out / "checkpoint_step_20" / "model").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    r = tiny_lm("train", *without(RUN, "--max-steps", "--save-every"), "--max-steps", "25", "--save-every", "5", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"warning: checkpoint_step_20 (" in r.stdout and "cannot be read (damaged or cut short): restored step 15 instead" in r.stdout
+    assert "moved the unreadable checkpoint_step_20 aside (now checkpoint_step_20.damaged)" in r.stdout
+    assert f"resumed {out} at step 15 of 25" in r.stdout
+    assert (out / "checkpoint_step_20.damaged").is_dir() and steps_on_disk(out)[-1] == 25
+
+
+def _mounted_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode == 0
+
+
+def test_full_disk_stops_with_one_clear_line_and_the_checkpoints_intact(tmp_path):
+    """A real tmpfs filled with ballast where this machine allows mounting; else a real per-file size limit (RLIMIT_FSIZE)."""
+    disk = tmp_path / "disk"
+    bigger = [*without(RUN, "--d-model", "--max-steps"), "--d-model", "128", "--max-steps"]  # checkpoints of a few MB
+    mounted = _mounted_tmpfs(disk, "64m")
+    try:
+        out = disk / "o"
+        r = tiny_lm("train", *bigger, "12", "--output-dir", str(out))
+        assert r.returncode == 0, r.stderr
+        before = {s: sorted(p.name for p in (out / f"checkpoint_step_{s}").rglob("*")) for s in steps_on_disk(out)}
+        if mounted:  # leave 200 KB free: room for metrics lines, not for a checkpoint
+            free = shutil.disk_usage(disk).free
+            (disk / "ballast").write_bytes(b"\0" * (free - 200_000))
+            limit = None
+        else:  # no file above 300 KB: metrics and the plot fit, a checkpoint's array file does not
+            limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+        p = start(out, *bigger, "30", preexec_fn=limit)
+        _, stderr = p.communicate(timeout=300)
+        assert p.returncode == 2, stderr
+        ours = [line for line in stderr.splitlines() if line.startswith("error: ")]
+        assert len(ours) == 1 and "The earlier checkpoints are intact" in ours[0], stderr
+        reason = "the disk is full" if mounted else "the save did not complete"  # refused before writing / failed inside Orbax's save
+        assert re.match(rf"error: cannot write the checkpoint of step 1[5-8] in {re.escape(str(out))}: {reason}", ours[0]), ours[0]
+        if mounted:
+            assert stderr.strip() == ours[0], stderr  # refused before writing: no noise from half a save
+        assert {s: sorted(p.name for p in (out / f"checkpoint_step_{s}").rglob("*")) for s in before} == before
+        (disk / "ballast").unlink(missing_ok=True)
+        r = tiny_lm("train", *bigger, "15", "--output-dir", str(out))  # with room again, the same command continues
+        assert r.returncode == 0, r.stderr
+        assert f"resumed {out} at step 12 of 15" in r.stdout
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)])
+
+
+def test_a_folder_with_a_run_is_continued_or_overwritten(tmp_path):
+    out = tmp_path / "o"
+    args = [*without(RUN, "--max-steps"), "--max-steps", "6", "--output-dir", str(out)]
+    assert tiny_lm("train", *args).returncode == 0
+    again = tiny_lm("train", *args)
+    assert again.returncode == 0, again.stderr
+    assert "holds a run (newest checkpoint: step 6): continuing it; --overwrite starts a new run there instead" in again.stdout
+    assert "the run is complete (step 6 of 6)" in again.stdout
+    fresh = tiny_lm("train", *args, "--overwrite")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "--overwrite: this new run replaces the checkpoints" in fresh.stdout and "resumed" not in fresh.stdout
+    both = tiny_lm("train", *args, "--overwrite", "--resume-from", str(out))
+    assert both.returncode == 2 and "give only one of them" in both.stderr
