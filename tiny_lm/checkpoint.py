@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -24,7 +25,7 @@ from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['STEP_PREFIX', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore',
-           'set_aside', 'run_meta', 'restore_weights', 'load_checkpoint']
+           'set_aside', 'best_step', 'publish', 'run_meta', 'restore_weights', 'load_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -182,6 +183,41 @@ def set_aside(directory: Path, steps: list[int]) -> list[Path]:
         src.rename(dst)
         moved.append(dst)
     return moved
+
+# %% ../nbs/06_checkpoint.ipynb #3e95cc50
+def best_step(ckpt: Checkpointer) -> int | None:
+    "The committed step whose meta record has the lowest validation loss (None when no step was evaluated)."
+    losses = {}
+    for step in ckpt.steps():
+        try:
+            metrics = ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"].get("metrics", {})
+        except Exception:  # an unreadable step is nobody's best
+            continue
+        if metrics.get("val_loss") is not None:
+            losses[step] = metrics["val_loss"]
+    return min(losses, key=losses.get) if losses else None
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+def publish(run_dir: str | Path, name: str, step: int) -> Path:
+    "Make `run_dir/name` a self-contained copy of step `step` (its step folder hard-linked, the run's JSON files copied), swapped in atomically."
+    run_dir = Path(run_dir)
+    target, tmp, old = run_dir / name, run_dir / f".{name}.tmp", run_dir / f".{name}.old"
+    for leftover in (tmp, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    shutil.copytree(run_dir / f"{STEP_PREFIX}_{step}", tmp / f"{STEP_PREFIX}_{step}", copy_function=_link_or_copy)
+    for f in ("tokenizer.json", "model_config.json"):
+        if (run_dir / f).exists():
+            shutil.copy2(run_dir / f, tmp / f)
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target
 
 # %% ../nbs/06_checkpoint.ipynb #82e1ea38
 def _locate(path: Path) -> tuple[Path, int | None]:

@@ -24,12 +24,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from .checkpoint import STEP_PREFIX, Checkpointer, load_checkpoint, restore, restore_weights, run_meta, set_aside
+from .checkpoint import (STEP_PREFIX, Checkpointer, best_step, load_checkpoint, publish, restore, restore_weights, run_meta,
+                                set_aside)
 from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_tokens, load_tokens, open_source,
                           token_dtype, tokenize_documents, unigram_loss)
 from .generate import generate
 from .model import PRECISIONS, ModelConfig, count_params, default_precision, describe_attention, merge_lora
-from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh, device_banner, device_info,
+from .parallel import (_path_name, batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh, device_banner, device_info,
                               global_put, initialize_distributed, is_main_process, make_mesh, parse_mesh, sharded_init, sharded_memory_bytes,
                               split_batch, usable_cores, use_cpu_cores)
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
@@ -39,7 +40,8 @@ from .train import Interrupted, TrainConfig, fit, init_model, make_train_step, p
 
 # %% auto #0
 __all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'committed_steps', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer',
-           'run_train', 'run_generate', 'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train', 'main']
+           'run_train', 'run_generate', 'run_inspect', 'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train',
+           'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -277,7 +279,7 @@ def committed_steps(out: str | Path) -> list[int]:
 
 def _clear_old_checkpoints(out: Path) -> None:
     "An --overwrite run in a folder of an earlier run replaces its checkpoints."
-    old = sorted(out.glob(f"{STEP_PREFIX}_*"))
+    old = sorted([*out.glob(f"{STEP_PREFIX}_*"), *(p for p in (out / "best_checkpoint", out / "final_checkpoint") if p.exists())])
     if old:
         print(f"note: --overwrite: this new run replaces the checkpoints of the earlier run in {out} ({', '.join(p.name for p in old)})")
         for p in old:
@@ -547,7 +549,10 @@ class Trainer:
                     "effective_batch_size": global_batch * accum}
         if self.merge_lora:
             summary["merged_model"] = _write_merged(model, config, tokenizer, out, total_steps)
-        if is_main_process():
+        if is_main_process():  # the seed layout's named copies of the last and the best step
+            summary["final_checkpoint"] = str(publish(out, "final_checkpoint", total_steps))
+            best = best_step(ckpt)
+            summary["best_checkpoint"] = str(publish(out, "best_checkpoint", best)) if best is not None else None
             (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
         ckpt.close()
         mfu = f"MFU {summary['mfu']:.1%}, " if summary["mfu"] is not None else ""
@@ -607,6 +612,61 @@ def run_generate(args) -> str:
                     top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     print(text)
     return text
+
+# %% ../nbs/09_cli.ipynb #73a0c77d
+def _inspect_parser(sub) -> None:
+    p = sub.add_parser("inspect", help="what a run folder holds: configuration, step, losses, parameter norms, health, checkpoints, a sample")
+    p.add_argument("path", nargs="?", default="output", help="a run folder (newest readable checkpoint), one of its checkpoint_step_N folders, best_checkpoint or final_checkpoint (default: output)")
+    p.add_argument("--prompt", default="", help="prompt of the short sample (default: empty, a new document)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a report (default: the report)")
+
+def _checkpoint_folders(root: Path) -> list[dict]:
+    "Every checkpoint folder of a run: name, step, and state (complete, interrupted save, set aside as damaged)."
+    found = []
+    for p in sorted(root.iterdir(), key=lambda p: p.name):
+        m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)(\.orbax-checkpoint-tmp.*|\.damaged.*)?", p.name)
+        if p.is_dir() and m:
+            state = "complete" if not m.group(2) else "interrupted save (ignored)" if "tmp" in m.group(2) else "damaged (set aside)"
+            found.append({"name": p.name, "step": int(m.group(1)), "state": state})
+        elif p.is_dir() and p.name in ("best_checkpoint", "final_checkpoint"):
+            steps = committed_steps(p)
+            found.append({"name": p.name, "step": steps[-1] if steps else None, "state": "complete" if steps else "empty"})
+    return found
+
+def run_inspect(args) -> dict:
+    "Print (as a report, or one JSON object with --json) and return what the run at `args.path` holds."
+    root, step, meta = run_meta(args.path)
+    model, tokenizer, cfg = load_checkpoint(args.path)
+    leaves = jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))
+    norms = {_path_name(path).replace("/", "."): float(np.linalg.norm(np.asarray(x, np.float32))) for path, x in leaves}
+    finite = bool(all(np.isfinite(np.asarray(x, np.float32)).all() for _, x in leaves))
+    summary_file = root / "training_summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    metrics = meta.get("metrics", {})
+    report = {"path": str(root), "step": step, "params": count_params(model), "train_loss": metrics.get("train_loss"),
+              "val_loss": metrics.get("val_loss"), "finite": finite, "checkpoints": _checkpoint_folders(root),
+              "vocab_size": tokenizer.get_vocab_size(), "bytes_per_token": summary.get("bytes_per_token"),
+              "config": meta["config"], "norms": norms,
+              "sample": generate(model, tokenizer, args.prompt, max_new_tokens=40, temperature=0.8, top_k=50) if finite else None}
+    if args.json:
+        print(json.dumps(report))
+        return report
+    print(f"run {root}, step {step}: {report['params']:,} parameters | train loss {report['train_loss'] or float('nan'):.4f} | "
+          f"val loss {report['val_loss'] or float('nan'):.4f}")
+    model_cfg = meta["config"]["model"]
+    print("model: " + ", ".join(f"{k}={model_cfg[k]}" for k in ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "d_ff", "dtype")))
+    bpt = f", {report['bytes_per_token']:.2f} bytes per token on validation text" if report["bytes_per_token"] else ""
+    print(f"tokenizer: {report['vocab_size']} tokens{bpt}")
+    print(f"weights: {'all finite' if finite else 'NOT FINITE: NaN or Inf in ' + ', '.join(k for k, v in norms.items() if not np.isfinite(v))}")
+    width = max(map(len, norms))
+    for name, norm in norms.items():
+        print(f"  {name:<{width}}  norm {norm:10.4f}")
+    print("checkpoints:")
+    for c in report["checkpoints"]:
+        print(f"  {c['name']:<40} step {c['step']}  {c['state']}")
+    if report["sample"] is not None:
+        print("--- sample ---\n" + report["sample"])
+    return report
 
 # %% ../nbs/09_cli.ipynb #9fea6120
 def _size_parser(sub) -> None:
@@ -797,11 +857,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _generate_parser(sub)
+    _inspect_parser(sub)
     _size_parser(sub)
     _bench_parser(sub)
     args = parser.parse_args(argv)
     try:
-        run = {"train": run_train, "generate": run_generate, "size": run_size,
+        run = {"train": run_train, "generate": run_generate, "inspect": run_inspect, "size": run_size,
                "bench": lambda args: {"data": run_bench_data, "train": run_bench_train}[args.bench](args)}
         run[args.command](args)
     except TinyLMError as e:
