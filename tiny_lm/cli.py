@@ -549,9 +549,9 @@ class Trainer:
                     "effective_batch_size": global_batch * accum}
         if self.merge_lora:
             summary["merged_model"] = _write_merged(model, config, tokenizer, out, total_steps)
+        best = best_step(ckpt)  # every process: reading a step through Orbax is a collective on many hosts
         if is_main_process():  # the seed layout's named copies of the last and the best step
             summary["final_checkpoint"] = str(publish(out, "final_checkpoint", total_steps))
-            best = best_step(ckpt)
             summary["best_checkpoint"] = str(publish(out, "best_checkpoint", best)) if best is not None else None
             (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
         ckpt.close()
