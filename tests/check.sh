@@ -51,7 +51,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE
 
 header "4/4: pytest tests (export, ruff and nbdev_test passed)"
 status=0
-HF_HUB_OFFLINE=1 python -m pytest -q tests || status=$?
+HF_HUB_OFFLINE=1 python -m pytest -q -n 2 tests || status=$?  # two workers: the tests mostly wait on their own subprocesses
 if [[ $status -eq 5 ]]; then
     echo "check: pytest collected no tests: tests/ must hold tests" >&2
     exit 1
