@@ -145,7 +145,10 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path):
 
 def _mounted_tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode == 0
+    try:
+        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode == 0
+    except OSError:  # no mount command here
+        return False
 
 
 def test_full_disk_stops_with_one_clear_line_and_the_checkpoints_intact(tmp_path):
