@@ -87,6 +87,8 @@ _HELP = {
     "log_every": "steps between progress updates (default: 10)", "save_every": "steps between checkpoints (default: 200)",
     "save_every_minutes": "also save a checkpoint when this many minutes of wall time passed since the last one, for disconnects that send no signal (default: 10; 0: by steps only)",
     "keep_checkpoints": "checkpoint_step_N folders to keep, newest first; the best by validation loss is kept besides (default: 2)",
+    "cpu_devices": "CPU runs: how many devices to show XLA the CPU as, for data parallelism over its cores; they share --batch-size "
+                   f"(default: one per usable core, {usable_cores()} here, unless XLA_FLAGS sets a count; 1: one device)",
     "seed": "seed of the parameters, the batch order and the shuffle buffer (default: 0)",
 }
 
@@ -119,7 +121,7 @@ def _train_parser(sub) -> None:
     f.add_argument("--merge-lora", action="store_true", help="with --use-lora: also write OUTPUT_DIR/merged, a standalone model with the adapters folded in (default: off)")
     m = p.add_argument_group("devices and hosts")
     m.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (N × M = all devices): data replicates the model, fsdp shards parameters and optimizer state (default: replicate if the memory estimate fits, else the smallest fsdp that fits)")
-    m.add_argument("--cpu-devices", type=int, default=None, help=f"CPU runs: how many devices to show XLA the CPU as, for data parallelism over its cores; they share --batch-size (default: one per usable core, {usable_cores()} here, unless XLA_FLAGS sets a count; 1: one device)")
+    m.add_argument("--cpu-devices", type=int, default=None, help=_HELP["cpu_devices"])
     m.add_argument("--coordinator-address", default=None, help="multi-host: HOST:PORT of process 0, given to every process (default: none, or detected on TPU pods and SLURM)")
     m.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (default: none, one process)")
     m.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index, 0 to --num-processes - 1 (default: none)")
@@ -458,7 +460,6 @@ class Trainer:
         self.resume_from = Path(resume_from) if resume_from is not None else None
         if self.resume_from is None and not overwrite and committed_steps(self.output_dir):
             self.resume_from = self.output_dir  # never start over a run by accident: continue it
-        self.overwrite = overwrite
         self.init_from, self.tokenizer_path = init_from, Path(tokenizer_path) if tokenizer_path else None
         self.retrain_tokenizer, self.merge_lora, self.sample_prompt = retrain_tokenizer, merge_lora, sample_prompt
         self.say = print if is_main_process() else (lambda *a, **k: None)
@@ -808,7 +809,7 @@ def _bench_train_parser(kinds) -> None:
     t.add_argument("--batch-size", type=int, default=16, help=_HELP["batch_size"])
     t.add_argument("--gradient-accumulation-steps", type=int, default=1, help=_HELP["gradient_accumulation_steps"])
     t.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (default: as tiny-lm train chooses: replicated if the memory estimate fits)")
-    t.add_argument("--cpu-devices", type=int, default=None, help=f"CPU runs: how many devices to show XLA the CPU as, for data parallelism over its cores; they share --batch-size (default: one per usable core, {usable_cores()} here, unless XLA_FLAGS sets a count; 1: one device)")
+    t.add_argument("--cpu-devices", type=int, default=None, help=_HELP["cpu_devices"])
     t.add_argument("--steps", type=int, default=300, help="training steps to time, after the first (compiling) interval (default: 300)")
     t.add_argument("--json", action="store_true", help="print one JSON object instead of lines of text (default: text)")
 
