@@ -19,9 +19,9 @@ RUN = [*without(SMALL, "--eval-every", "--save-every"), "--eval-every", "30", "-
        "--save-every-minutes", "0", "--max-steps", "60"]
 
 
-def start(out: Path, *args: str, preexec_fn=None) -> subprocess.Popen:
+def start(out: Path, *args: str, preexec_fn=None, env=ENV) -> subprocess.Popen:
     return subprocess.Popen(["tiny-lm", "train", *args, "--output-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV, preexec_fn=preexec_fn)
+                            text=True, env=env, preexec_fn=preexec_fn)
 
 
 def logged_steps(out: Path) -> int:
@@ -58,15 +58,6 @@ def final_params(out: Path) -> list:
     from tiny_lm.checkpoint import load_checkpoint
     model, _, _ = load_checkpoint(out / "checkpoint_step_60")
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run."""
-    out = tmp_path_factory.mktemp("reference") / "o"
-    r = tiny_lm("train", *RUN, "--output-dir", str(out))
-    assert r.returncode == 0, r.stderr
-    return losses(out), final_params(out)
 
 
 @pytest.mark.parametrize("moment", ["mid-step", "mid-save"])
@@ -137,7 +128,7 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path):
             f.write_bytes(b"garbage")
     r = tiny_lm("train", *without(RUN, "--max-steps", "--save-every"), "--max-steps", "25", "--save-every", "5", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
-    assert f"warning: checkpoint_step_20 (" in r.stdout and "cannot be read (damaged or cut short): restored step 15 instead" in r.stdout
+    assert "warning: checkpoint_step_20 (" in r.stdout and "cannot be read (damaged or cut short): restored step 15 instead" in r.stdout
     assert "moved the unreadable checkpoint_step_20 aside (now checkpoint_step_20.damaged)" in r.stdout
     assert f"resumed {out} at step 15 of 25" in r.stdout
     assert (out / "checkpoint_step_20.damaged").is_dir() and steps_on_disk(out)[-1] == 25

@@ -54,6 +54,7 @@ class Checkpointer:
             preservation_policy=policy, create=not read_only, read_only=read_only)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self.pending: int | None = None  # the step whose save is in flight
+        self.copies: list = []  # `Mirror`s (06a_copies) to tell of each save: they copy the step once it is committed
 
     def steps(self) -> list[int]:
         "Committed steps, oldest first."
@@ -80,6 +81,8 @@ class Checkpointer:
         except Exception as e:
             raise _write_error(self.directory, step, e) from None
         self.pending = step
+        for mirror in self.copies:
+            mirror.submit(f"{STEP_PREFIX}_{step}")
 
     def wait(self) -> None:
         "Block until every pending save is committed to disk; an error naming the step if one failed."

@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from itertools import islice
@@ -26,6 +27,7 @@ from flax import nnx
 
 from .checkpoint import (STEP_PREFIX, Checkpointer, best_step, load_checkpoint, publish, restore, restore_weights, run_meta,
                                 set_aside)
+from .copies import Destination, Mirror, check_destination, cloud_destination, destination, fetch_run, is_url, redact, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_tokens, load_tokens, open_source,
                           token_dtype, tokenize_documents, unigram_loss)
 from .generate import generate
@@ -39,9 +41,9 @@ from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_
 from .train import Interrupted, TrainConfig, fit, init_model, make_train_step, peak_flops
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'committed_steps', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer',
-           'run_train', 'run_generate', 'run_inspect', 'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train',
-           'main']
+__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'committed_steps', 'check_backup_dir', 'copy_destinations', 'mesh_devices',
+           'run_mesh', 'split_cpu', 'Trainer', 'run_train', 'run_generate', 'run_inspect', 'run_size', 'measure_speed',
+           'run_bench_data', 'run_bench_train', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -129,6 +131,15 @@ def _train_parser(sub) -> None:
     g.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go (default: output)")
     g.add_argument("--resume-from", default=None, help="a run folder to continue from its newest readable checkpoint, or one of its checkpoint_step_N folders (default: none; an --output-dir that holds a run is continued)")
     g.add_argument("--overwrite", action="store_true", help="start a new run in an --output-dir that holds one, replacing its checkpoints (default: off, continue that run)")
+    c = p.add_argument_group("copies elsewhere (made in the background as each checkpoint completes, with the same retention)")
+    c.add_argument("--backup-dir", default=None, help="also keep a copy of the run in this folder, e.g. on a mounted Google Drive; --resume-from takes it (default: none)")
+    c.add_argument("--cloud-provider", choices=["s3", "gcs", "azure"], default=None,
+                   help="also copy the run to a bucket of this cloud, credentials from its SDK's environment variables; --resume-from takes s3://, gs:// and az:// URLs (default: none)")
+    c.add_argument("--cloud-bucket", default=None, help="the bucket (Azure: the container) to copy to (default: none; required with --cloud-provider)")
+    c.add_argument("--cloud-prefix", default=None, help="folder inside the bucket for this run's copies (default: the --output-dir folder's name)")
+    c.add_argument("--cloud-region", default=None, help="S3 only: the bucket's region (default: AWS_DEFAULT_REGION or the AWS configuration's)")
+    c.add_argument("--azure-account-name", default=None, help="Azure only: the storage account (default: AZURE_STORAGE_ACCOUNT_NAME or the connection string's)")
+    c.add_argument("--azure-sas-token", default=None, help="Azure only: a SAS token for the account, never printed or saved (default: AZURE_STORAGE_SAS_TOKEN or the connection string's credentials)")
     g.add_argument("--sample-prompt", default="", help="prompt of the sample printed at the end (default: empty, a new document)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar, for logs (default: off, show it)")
 
@@ -224,11 +235,11 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
     return data, tok, model, train
 
 # %% ../nbs/09_cli.ipynb #d0c4fefb
-def _saved_run(resume_from: str | None) -> tuple[dict, Path | None]:
-    "The configuration recorded in the newest checkpoint of `resume_from` (empty for a new run)."
+def _saved_run(resume_from: str | None, cloud: Destination | None = None) -> tuple[dict, Path | None]:
+    "The configuration recorded in the newest checkpoint of `resume_from` (empty for a new run); a bucket URL is fetched first."
     if resume_from is None:
         return {}, None
-    root = Path(resume_from)
+    root = fetch_run(destination(resume_from, like=cloud)) if is_url(resume_from) else Path(resume_from)
     if not root.is_dir():
         raise TinyLMError(f"--resume-from {root} does not exist: pass the --output-dir of an earlier run")
     try:
@@ -287,12 +298,44 @@ def _clear_old_checkpoints(out: Path) -> None:
         for p in old:
             shutil.rmtree(p)
 
-def _continue_existing(args) -> None:
+def check_backup_dir(backup: str | Path | None, output_dir: str | Path) -> Path | None:
+    "The backup folder as an absolute path, refused where it is, holds, or lies inside the output folder."
+    if backup is None:
+        return None
+    backup, out = Path(backup).expanduser().absolute(), Path(output_dir).expanduser().absolute()
+    if backup == out or out in backup.parents or backup in out.parents:
+        raise TinyLMError(f"--backup-dir {backup} and --output-dir {out} overlap: put the backup in a folder of its own, outside the run's")
+    return backup
+
+def copy_destinations(args) -> tuple[Path | None, Destination | None]:
+    "The backup folder and the bucket the copy flags name, after checking the flags (no network yet)."
+    given = [f for f in ("cloud_bucket", "cloud_prefix", "cloud_region", "azure_account_name", "azure_sas_token") if getattr(args, f) is not None]
+    cloud = None
+    if args.cloud_provider is None and given:
+        raise TinyLMError(f"--{given[0].replace('_', '-')} needs --cloud-provider s3|gcs|azure")
+    if args.cloud_provider is not None:
+        if args.cloud_bucket is None:
+            raise TinyLMError("--cloud-provider needs --cloud-bucket B, the bucket (Azure: the container) to copy the run to")
+        prefix = args.cloud_prefix if args.cloud_prefix is not None else Path(args.output_dir).expanduser().absolute().name
+        cloud = cloud_destination(args.cloud_provider, args.cloud_bucket, prefix, args.cloud_region, args.azure_account_name, args.azure_sas_token)
+    return check_backup_dir(args.backup_dir, args.output_dir), cloud
+
+def _continue_existing(args, cloud: Destination | None = None) -> None:
     "An --output-dir that holds a run continues it (sets --resume-from), unless --overwrite says to start afresh."
     out = Path(args.output_dir)
     if args.overwrite and args.resume_from is not None:
         raise TinyLMError("--overwrite starts a new run and --resume-from continues one: give only one of them")
     steps = committed_steps(out)
+    if args.resume_from is not None and is_url(args.resume_from) and steps:  # the same command again, after a crash
+        bucket = destination(args.resume_from, like=cloud)
+        copy_id, copy_steps = run_id_of(bucket)
+        if copy_id != run_meta(out)[2]["config"].get("run_id"):
+            raise TinyLMError(f"{out} holds another run than the copy {bucket.url}: resume the copy into another --output-dir, or delete {out}")
+        if copy_steps and copy_steps[-1] > steps[-1]:
+            return  # the copy is newer: fetch it
+        print(f"note: {out} holds this run at step {steps[-1]}, as new as its copy in {bucket.url} (step {copy_steps[-1] if copy_steps else 'none'}): continuing the local one")
+        args.resume_from = str(out)
+        return
     if args.resume_from is not None or args.overwrite or not steps:
         return
     if args.init_from is not None:
@@ -452,12 +495,16 @@ class Trainer:
         sample_prompt: str | None = "",  # prompt of the sample printed at the end (None: no sample)
         progress: bool = True,
         overwrite: bool = False,  # an output_dir that holds a run: start afresh (True) or continue it (False)
+        backup_dir: str | Path | None = None,  # also keep a copy of the run in this folder (a mounted Google Drive, say)
+        cloud: Destination | None = None,  # also copy the run to this bucket (`cloud_destination`)
     ):
         self.model_config, self.train_config = model_config, train_config or TrainConfig()
         self.data_config, self.tokenizer_config = data_config or DataConfig(), tokenizer_config or TokenizerConfig()
         self.expect_vocab_size = None if tokenizer_config is None or tokenizer_config.auto_vocab_size else tokenizer_config.vocab_size
         self.output_dir, self.mesh_spec, self.progress = Path(output_dir), mesh, progress
-        self.resume_from = Path(resume_from) if resume_from is not None else None
+        self.resume_from = resume_from if resume_from is None or is_url(resume_from) else Path(resume_from)  # a URL is fetched by fit
+        self.copies = [d for d in (check_backup_dir(backup_dir, output_dir), cloud) if d is not None]
+        self.copies = [destination(d) if isinstance(d, Path) else d for d in self.copies]
         if self.resume_from is None and not overwrite and committed_steps(self.output_dir):
             self.resume_from = self.output_dir  # never start over a run by accident: continue it
         self.init_from, self.tokenizer_path = init_from, Path(tokenizer_path) if tokenizer_path else None
@@ -473,7 +520,13 @@ class Trainer:
     def fit(self) -> dict:
         "Train; returns the training summary (also written to output_dir/training_summary.json by process 0)."
         started, say, out = time.perf_counter(), self.say, self.output_dir
+        if is_url(self.resume_from):
+            self.resume_from = fetch_run(destination(self.resume_from, like=self.copies[-1] if self.copies else None), say=say)
         saved = run_meta(self.resume_from)[2]["config"] if self.resume_from is not None else {}
+        run_id = saved.get("run_id") or uuid.uuid4().hex  # a resumed run keeps its id: its copies are recognised as its own
+        if is_main_process():
+            for dest in self.copies:  # a wrong bucket or an unreachable endpoint fails now, not after an hour of training
+                check_destination(dest, run_id)
         init = run_meta(Path(self.init_from)) if self.init_from is not None else None
         data_cfg, train_cfg = self.data_config, self.train_config
         source = open_source(data_cfg)  # validates the dataset before anything is written
@@ -500,7 +553,7 @@ class Trainer:
         model, optimizer = sharded_init(lambda: init_model(model_cfg, train_cfg, total_steps), mesh)
         global_batch = train_cfg.batch_size * n
         config = {"model": model_cfg.to_dict(), "data": asdict(data_cfg), "train": train_cfg.to_dict(),
-                  "mesh": dict(mesh.shape), "global_batch_size": global_batch}
+                  "mesh": dict(mesh.shape), "global_batch_size": global_batch, "run_id": run_id}
         init_ref = _load_base(model, init, saved, say)
         if init_ref:
             config["init_from"] = init_ref
@@ -525,10 +578,17 @@ class Trainer:
         elif is_main_process():
             _clear_old_checkpoints(out)
         ckpt = Checkpointer(out, meta={"config": config, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}, keep=train_cfg.keep_checkpoints)
+        if is_main_process():  # copies of each committed step, made in the background
+            ckpt.copies = [Mirror(out, dest, run_id, say=say) for dest in self.copies]
+            if start and (out / f"{STEP_PREFIX}_{start}").is_dir():
+                for mirror in ckpt.copies:  # a copy cut short by the crash is made again (a complete one is left as it is)
+                    mirror.submit(f"{STEP_PREFIX}_{start}")
         if is_main_process():
             (out / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
             if start == 0:
                 (out / "metrics.jsonl").unlink(missing_ok=True)  # a new run's metrics start afresh; a resumed run appends
+            elif not (out / "metrics.jsonl").exists():
+                _carry_metrics(self.resume_from / "metrics.jsonl", out / "metrics.jsonl", start)
         accum = train_cfg.gradient_accumulation_steps
         say(f"model: {count_params(model):,} parameters | data: {how_data}, "
             f"{f'{per_epoch:.0f}' if per_epoch else 'unknown'} steps per epoch | unigram baseline {baseline:.3f} | {total_steps} steps")
@@ -538,13 +598,17 @@ class Trainer:
             f"= {global_batch * accum} sequences ({global_batch * accum * model_cfg.seq_len:,} tokens) per step")
         say(f"compute: {model_cfg.dtype} (parameters {model_cfg.param_dtype}) | {describe_attention(model_cfg)}")
         try:
-            run = fit(model, optimizer, batches, train_cfg, total_steps, val_batches=val_batches, start_step=start,
-                      put=batch_put(mesh), val_put=global_put(mesh), checkpoint=ckpt, progress=self.progress and is_main_process(),
-                      log=say, output_dir=out if is_main_process() else None, peak=peak_flops(model_cfg.dtype))
-        finally:
-            ckpt.wait()
-            if isinstance(batches, StreamingBatches):
-                batches.close()
+            try:
+                run = fit(model, optimizer, batches, train_cfg, total_steps, val_batches=val_batches, start_step=start,
+                          put=batch_put(mesh), val_put=global_put(mesh), checkpoint=ckpt, progress=self.progress and is_main_process(),
+                          log=say, output_dir=out if is_main_process() else None, peak=peak_flops(model_cfg.dtype))
+            finally:
+                ckpt.wait()
+                if isinstance(batches, StreamingBatches):
+                    batches.close()
+        except BaseException:  # stopped (a signal, an error): finish the copy of the last saved step, for at most 20 s
+            _close_copies(ckpt.copies, say, timeout=20)
+            raise
         summary = _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, per_epoch, bpt)
         summary |= {"trainable_params": count_params(model, optimizer.wrt), "init_from": init_ref, "mesh": dict(mesh.shape),
                     "effective_batch_size": global_batch * accum}
@@ -554,7 +618,14 @@ class Trainer:
         if is_main_process():  # the seed layout's named copies of the last and the best step
             summary["final_checkpoint"] = str(publish(out, "final_checkpoint", total_steps))
             summary["best_checkpoint"] = str(publish(out, "best_checkpoint", best)) if best is not None else None
+            for mirror in ckpt.copies:
+                mirror.submit("final_checkpoint")
+                if best is not None:
+                    mirror.submit("best_checkpoint")
+            summary["copies"] = _close_copies(ckpt.copies, say)
             (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
+            for mirror in ckpt.copies:
+                mirror.copy_run_files()  # the summary too
         ckpt.close()
         mfu = f"MFU {summary['mfu']:.1%}, " if summary["mfu"] is not None else ""
         say(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {baseline:.4f}), "
@@ -570,6 +641,26 @@ class Trainer:
         return summary
 
 # %% ../nbs/09_cli.ipynb #bd54f6b1
+def _carry_metrics(src: Path, dst: Path, step: int) -> None:
+    "A run resumed into a new folder (from a backup, a bucket) starts its metrics.jsonl with the history up to `step`."
+    if not src.exists():
+        return
+    def upto(line: str) -> bool:
+        try:
+            return json.loads(line)["step"] <= step
+        except (ValueError, KeyError, TypeError):  # a line cut short by the crash
+            return False
+    dst.write_text("".join(line + "\n" for line in src.read_text().splitlines() if upto(line)))
+
+def _close_copies(mirrors: list, say=print, timeout: float | None = None) -> list[dict]:
+    "Wait for the copies in flight (at most `timeout` seconds), say where the run was copied, and return their records."
+    records = [m.close(timeout) for m in mirrors]
+    for r in records:
+        what = f"{len(r['copied'])} folders" if r["copied"] else "nothing"
+        failed = f"; not copied: {', '.join(r['failed'])}" if r["failed"] else ""
+        say(f"copies: {what} copied to {r['to']}{failed}")
+    return records
+
 def _model_config_fn(args, saved: dict, init, model_over: dict) -> Callable[[int], ModelConfig]:
     "The model configuration the flags describe, as a function of the vocabulary size the tokenizer will have."
     def config(vocab_size: int) -> ModelConfig:
@@ -582,8 +673,9 @@ def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."
     distributed = initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout)
     split_cpu(args.cpu_devices, distributed)
-    _continue_existing(args)
-    saved, resume_root = _saved_run(args.resume_from)
+    backup, cloud = copy_destinations(args)
+    _continue_existing(args, cloud)
+    saved, resume_root = _saved_run(args.resume_from, cloud)
     data_cfg, tok_cfg, model_over, train_cfg = configs_from_args(args, saved)
     init = _init_from(args)
     if args.mesh is not None:
@@ -592,7 +684,7 @@ def run_train(args) -> dict:
     trainer = Trainer(_model_config_fn(args, saved, init, model_over), train_cfg, data_cfg, args.output_dir, tok_cfg if tokenizer_given else None, mesh=args.mesh,
                       resume_from=resume_root, init_from=args.init_from, tokenizer_path=args.tokenizer_path,
                       retrain_tokenizer=args.retrain_tokenizer, merge_lora=args.merge_lora, sample_prompt=args.sample_prompt,
-                      progress=not args.no_progress, overwrite=args.overwrite)
+                      progress=not args.no_progress, overwrite=args.overwrite, backup_dir=backup, cloud=cloud)
     return trainer.fit()
 
 # %% ../nbs/09_cli.ipynb #297fe33f
@@ -867,7 +959,7 @@ def main(argv: list[str] | None = None) -> int:
                "bench": lambda args: {"data": run_bench_data, "train": run_bench_train}[args.bench](args)}
         run[args.command](args)
     except TinyLMError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e), [getattr(args, 'azure_sas_token', None)])}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk or a folder that cannot be written, outside the checkpointer's own checks
         if e.errno not in _WRITE_ERRORS:

@@ -1,0 +1,211 @@
+"""Copies of a run elsewhere, end to end: a backup folder and real S3, GCS and Azure emulators on 127.0.0.1 (moto,
+gcp-storage-emulator, azurite), started here. Save, kill -9, lose the machine, resume from the copy alone."""
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_cli import ENV, tiny_lm
+from test_faults import RUN, final_params, losses, start, wait_until
+
+AZURITE = Path.home() / ".cache" / "tiny_lm_tests" / "azurite-3.35.0"  # azurite 3.35 is the last that runs on Node 20
+DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="  # Azurite's published development key
+BUCKET, PREFIX = "tiny-lm-runs", "shakespeare/run1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(cmd: list, port: int, log: Path, env=None) -> subprocess.Popen:
+    """Start an emulator and wait until its port answers."""
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, f"{cmd[0]} exited: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"{cmd[0]} did not start: {log.read_text()[-2000:]}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.2)
+
+
+def azurite_blob() -> str:
+    exe = AZURITE / "node_modules" / ".bin" / "azurite-blob"
+    if not exe.exists():
+        npm = shutil.which("npm")
+        assert npm, "the Azure copy test needs Node.js and npm, to run the azurite emulator (npm install azurite@3.35.0)"
+        subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(AZURITE), "azurite@3.35.0"],
+                       check=True, timeout=600, capture_output=True)
+    return str(exe)
+
+
+class Cloud:
+    """One emulator: the environment and flags a run needs, and a file system on the bucket for the test to look with."""
+    def __init__(self, provider: str, workdir: Path):
+        self.provider, self.port, self.secret = provider, free_port(), None
+        log = workdir / f"{provider}.log"
+        if provider == "s3":
+            import s3fs
+            self.secret = "s3-secret-" + secrets.token_hex(8)
+            self.proc = serve([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)], self.port, log)
+            self.env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}", "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": "us-east-1"}
+            self.fs = s3fs.S3FileSystem(endpoint_url=self.env["AWS_ENDPOINT_URL"], key="testing", secret=self.secret, skip_instance_cache=True)
+            self.flags, self.scheme = ["--cloud-provider", "s3", "--cloud-region", "us-east-1"], "s3"
+        elif provider == "gcs":
+            os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # read when gcsfs is imported: the emulator has no gRPC
+            import gcsfs
+            self.proc = serve([str(Path(sys.executable).parent / "gcp-storage-emulator"), "start", "--host", "127.0.0.1",
+                               "--port", str(self.port), "--in-memory"], self.port, log)
+            self.env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{self.port}"}  # tiny-lm turns gcsfs's gRPC off for an emulator
+            self.fs = gcsfs.GCSFileSystem(endpoint_url=self.env["STORAGE_EMULATOR_HOST"], token="anon", skip_instance_cache=True)
+            self.flags, self.scheme = ["--cloud-provider", "gcs"], "gs"
+        else:
+            import adlfs
+            from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+            self.proc = serve([azurite_blob(), "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--inMemoryPersistence",
+                               "--skipApiVersionCheck", "--loose", "--disableTelemetry"], self.port, log)
+            endpoint = f"http://127.0.0.1:{self.port}/devstoreaccount1"
+            self.secret = generate_account_sas("devstoreaccount1", DEV_KEY, ResourceTypes(service=True, container=True, object=True),
+                                               AccountSasPermissions(read=True, write=True, delete=True, list=True, add=True, create=True),
+                                               expiry=datetime.now(timezone.utc) + timedelta(hours=2))
+            self.env = {"AZURE_STORAGE_CONNECTION_STRING": f"BlobEndpoint={endpoint};"}  # the endpoint only: the SAS token comes by flag
+            self.fs = adlfs.AzureBlobFileSystem(connection_string=f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={DEV_KEY};BlobEndpoint={endpoint};",
+                                                skip_instance_cache=True)
+            self.flags, self.scheme = ["--cloud-provider", "azure", "--azure-account-name", "devstoreaccount1", "--azure-sas-token", self.secret], "az"
+        self.fs.mkdir(BUCKET)
+        self.flags += ["--cloud-bucket", BUCKET, "--cloud-prefix", PREFIX]
+        self.url = f"{self.scheme}://{BUCKET}/{PREFIX}"
+        self.env = {**ENV, **self.env}
+
+    def complete_steps(self) -> list:
+        self.fs.invalidate_cache()
+        markers = self.fs.glob(f"{BUCKET}/{PREFIX}/checkpoint_step_*/tiny_lm_complete.json")
+        return sorted(int(m.split("/")[-2].rsplit("_", 1)[1]) for m in markers)
+
+    def objects(self) -> dict:
+        self.fs.invalidate_cache()
+        return {p: self.fs.cat_file(p) for p in self.fs.find(f"{BUCKET}/{PREFIX}")}
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def clouds(tmp_path_factory):
+    """Emulators started on demand, one of each kind per test worker, stopped at the end."""
+    started, workdir = {}, tmp_path_factory.mktemp("emulators")
+    def get(provider: str) -> Cloud:
+        if provider not in started:
+            started[provider] = Cloud(provider, workdir)
+        return started[provider]
+    yield get
+    for cloud in started.values():
+        cloud.stop()
+
+
+def folder_steps(path: Path) -> list:
+    return sorted(int(p.parent.name.rsplit("_", 1)[1]) for p in path.glob("checkpoint_step_*/tiny_lm_complete.json"))
+
+
+def written_text(*folders: Path) -> str:
+    return "\n".join(p.read_bytes().decode("utf-8", "replace") for f in folders if f.exists() for p in f.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("where", ["folder", "s3", "gcs", "azure"])
+def test_copy_kill_9_lose_the_machine_resume_from_the_copy(reference, clouds, tmp_path, where):
+    """Train with copies; kill -9 once a copy of step 30 or later is complete (later copies may be cut short); delete the
+    run folder; the same command with --resume-from the copy ends equal to an uninterrupted run, bit for bit."""
+    if where == "folder":
+        backup = tmp_path / "drive" / "run1"
+        flags, env, url, copied = ["--backup-dir", str(backup)], ENV, str(backup), lambda: folder_steps(backup)
+    else:
+        cloud = clouds(where)
+        flags, env, url, copied = cloud.flags, cloud.env, cloud.url, cloud.complete_steps
+    out = tmp_path / "o"
+    p = start(out, *RUN, *flags, env=env)
+    wait_until(lambda: any(s >= 30 for s in copied()), p)
+    p.kill()
+    stdout, stderr = p.communicate()
+    newest = max(copied())
+    assert newest < 60
+    texts = [stdout, stderr, written_text(out)]
+    shutil.rmtree(out)  # the machine is gone: only the copy is left
+
+    out2 = tmp_path / "o2"
+    r = tiny_lm("train", *RUN, *flags, "--resume-from", url, "--output-dir", str(out2), env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"at step {newest} of 60" in r.stdout, r.stdout
+    assert where == "folder" or f"fetched checkpoint_step_{newest} of {url}" in r.stdout, r.stdout
+    ref_losses, ref_params = reference
+    got = losses(out2)  # the copy's history up to the resumed step, then the resumed run's
+    assert all(ref_losses[k] == v for k, v in got.items())
+    assert {k for k in ref_losses if k[1] > newest} <= set(got)
+    for a, b in zip(ref_params, final_params(out2), strict=True):
+        np.testing.assert_array_equal(a, b)
+    summary = json.loads((out2 / "training_summary.json").read_text())
+    assert summary["copies"][0]["to"] == url and summary["copies"][0]["failed"] == {}
+    assert copied()[-1] == 60
+    if where != "folder":  # the secret is nowhere: not in any output, file or object written
+        texts += [r.stdout, r.stderr, written_text(out2), *(v.decode("utf-8", "replace") for v in cloud.objects().values())]
+        if cloud.secret:
+            assert not any(cloud.secret in t for t in texts)
+            assert not any(cloud.secret.split("sig=")[-1][:20] in t for t in texts)
+
+
+def test_unreachable_or_missing_bucket_fails_at_start(clouds, tmp_path):
+    cloud = clouds("s3")
+    out = tmp_path / "o"
+    for env, bucket, message in [(cloud.env, "no-such-bucket", "does not exist"),
+                                 ({**cloud.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}, BUCKET, "cannot write to s3://")]:
+        flags = [a if a != BUCKET else bucket for a in cloud.flags]
+        started = time.monotonic()
+        r = tiny_lm("train", *RUN, *flags, "--output-dir", str(out), env=env)
+        assert r.returncode == 2, r.stderr
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert cloud.secret not in r.stderr + r.stdout
+        assert not out.exists()  # checked before anything was written
+        assert time.monotonic() - started < 90
+
+
+def test_a_bucket_that_fails_mid_run_warns_and_training_goes_on(tmp_path):
+    """The emulator dies after the first copy: the copies are retried and reported, the run finishes, the first copy stays complete."""
+    cloud = Cloud("s3", tmp_path)
+    out = tmp_path / "o"
+    p = start(out, *RUN, *cloud.flags, env=cloud.env)
+    wait_until(lambda: cloud.complete_steps(), p)
+    cloud.stop()
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stderr
+    assert "retrying with back-off" in stdout and "training goes on" in stdout, stdout
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["total_steps"] == 60 and "final_checkpoint" in summary["copies"][0]["failed"]
+    assert cloud.secret not in stdout + stderr + written_text(out)
+
+
+def test_copy_flags_are_checked_before_any_work(tmp_path):
+    out = tmp_path / "o"
+    for flags, message in [(["--backup-dir", str(out / "backup")], "overlap"),
+                           (["--cloud-bucket", "b"], "--cloud-bucket needs --cloud-provider"),
+                           (["--cloud-provider", "s3"], "--cloud-provider needs --cloud-bucket"),
+                           (["--cloud-provider", "gcs", "--cloud-bucket", "b", "--cloud-region", "eu"], "applies to --cloud-provider s3"),
+                           (["--cloud-provider", "s3", "--cloud-bucket", "s3://b"], "is not a bucket name"),
+                           (["--cloud-provider", "s3", "--cloud-bucket", "b", "--azure-sas-token", "sv=1&sig=TOPSECRET"], "apply to --cloud-provider azure")]:
+        r = tiny_lm("train", *RUN, *flags, "--output-dir", str(out))
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (flags, r.stderr)
+        assert "TOPSECRET" not in r.stderr + r.stdout
+        assert not out.exists()
