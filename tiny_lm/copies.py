@@ -228,8 +228,8 @@ class Mirror:
             name, snap = job
             try:
                 step = _step_of(name)
-                if step is not None and not (self.run_dir / name).exists() and not self.jobs.empty():
-                    continue  # pruned from the run already, and a newer copy is waiting: skip it
+                if step is not None and not self.jobs.empty() and (self.down or not (self.run_dir / name).exists()):
+                    continue  # a newer copy is waiting, and this step is pruned from the run already (or the destination is down): skip it
                 if self._retry(lambda: self._copy(name, snap), name):
                     self.copied.append(name)
                     self.failed = {k: v for k, v in self.failed.items() if _step_of(k) is None or step is None or _step_of(k) > step}
@@ -291,9 +291,8 @@ class Mirror:
                 shutil.rmtree(tmp, ignore_errors=True)
                 shutil.rmtree(old, ignore_errors=True)
             return
-        self._remove(target)  # a bucket: files first, the marker last
-        for rel in files:
-            self.fs.put_file(str(snap / rel), f"{target}/{rel}")
+        self._remove(target)  # a bucket: files first (concurrently), the marker last
+        self.fs.put([str(snap / rel) for rel in files], [f"{target}/{rel}" for rel in files])
         self.fs.pipe_file(f"{target}/{COMPLETE}", json.dumps(record).encode())
 
     def copy_run_files(self) -> bool:
@@ -376,7 +375,7 @@ def fetch_run(dest: Destination, into: str | Path | None = None, say=print) -> P
             files = json.loads(fs.cat_file(f"{root}/{name}/{COMPLETE}"))["files"]
             for rel in files:
                 (local / name / rel).parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(f"{root}/{name}/{rel}", str(local / name / rel))
+            fs.get([f"{root}/{name}/{rel}" for rel in files], [str(local / name / rel) for rel in files])
             if manifest(local / name) != files:
                 raise OSError("the downloaded files differ from the copy's record")
         except Exception as e:
