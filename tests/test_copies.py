@@ -47,8 +47,13 @@ def azurite_blob() -> str:
     if not exe.exists():
         npm = shutil.which("npm")
         assert npm, "the Azure copy test needs Node.js and npm, to run the azurite emulator (npm install azurite@3.35.0)"
-        subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(AZURITE), "azurite@3.35.0"],
+        tmp = AZURITE.with_name(f"{AZURITE.name}.tmp-{os.getpid()}")  # installed aside, then renamed: another worker never sees half
+        subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(tmp), "azurite@3.35.0"],
                        check=True, timeout=600, capture_output=True)
+        try:
+            tmp.rename(AZURITE)
+        except OSError:  # another worker was first
+            shutil.rmtree(tmp, ignore_errors=True)
     return str(exe)
 
 
