@@ -1,6 +1,8 @@
 """Multi-host training for real: two `jax.distributed` processes × four fake CPU devices on 127.0.0.1."""
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -9,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from test_cli import JAX_CACHE
+
 HERE = Path(__file__).parent
 DATA = HERE / "data"
-ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
+ENV = {**os.environ, **JAX_CACHE, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
        "JAX_PLATFORMS": "cpu"}
 
 
@@ -82,3 +86,34 @@ def test_unreachable_coordinator_is_one_line(tmp_path):
     assert r.returncode == 2 and time.monotonic() - started < 30
     assert r.stderr.strip().count("\n") == 0 and "no coordinator answered at 127.0.0.1:" in r.stderr and "within 2 s" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path):
+    "A preemption notice to one host: both processes agree on the step, save it together, and exit 143; the step restores."
+    port, out = free_port(), tmp_path / "run"
+    flags = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "300", "--seq-len", "32", "--batch-size", "1",
+             "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--max-steps", "2000", "--eval-every", "1000",
+             "--save-every", "1000", "--save-every-minutes", "0", "--log-every", "2", "--eval-batches", "2", "--no-progress",
+             "--output-dir", str(out)]
+    procs = [subprocess.Popen(["tiny-lm", "train", *flags, "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
+                               "--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+             for i in range(2)]
+    deadline = time.monotonic() + 240
+    while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 3:
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        assert time.monotonic() < deadline, "no training steps"
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGTERM)  # process 1 gets no signal
+    results = [p.communicate(timeout=120) for p in procs]
+    steps = []
+    for p, (stdout, stderr) in zip(procs, results):
+        assert p.returncode == 143, stderr[-3000:]
+        found = re.search(r"stopped by SIGTERM after step (\d+), its checkpoint saved", stderr)
+        assert found, stderr[-3000:]
+        steps.append(int(found.group(1)))
+    assert steps[0] == steps[1] < 2000
+    assert (out / f"checkpoint_step_{steps[0]}").is_dir()
+    r = subprocess.run(["tiny-lm", "inspect", str(out), "--json"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["step"] == steps[0] and report["finite"]

@@ -365,12 +365,12 @@ def stop_signals():
         for s, handler in previous.items():
             signal.signal(s, handler)
 
-def _on_any_process(flag: bool) -> bool:
-    "True on every process when `flag` is true on any of them."
+def _on_any_process(value: int) -> int:
+    "The largest `value` (a flag, or a signal number; 0 for none) over all processes: every process gets the same answer."
     if jax.process_count() == 1:
-        return flag
+        return int(value)
     from jax.experimental import multihost_utils
-    return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
+    return int(np.max(multihost_utils.process_allgather(np.int32(value))))
 
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
@@ -414,8 +414,8 @@ def fit(
                 bar.update(1)
                 evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
                 agree = jax.process_count() == 1 or done % cfg.log_every == 0  # many processes compare notes at log steps only
-                stop = agree and done < total_steps and _on_any_process(bool(requested))
-                late = agree and cfg.save_every_minutes > 0 and _on_any_process(time.monotonic() - last_save >= 60 * cfg.save_every_minutes)
+                stop = _on_any_process(requested[0] if requested else 0) if agree and done < total_steps else 0  # a signal to any process stops all
+                late = agree and cfg.save_every_minutes > 0 and bool(_on_any_process(time.monotonic() - last_save >= 60 * cfg.save_every_minutes))
                 saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late or stop)
                 if evaluating or saving:
                     jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
@@ -434,7 +434,7 @@ def fit(
                         last_save = time.monotonic()
                     run.eval_seconds += time.perf_counter() - paused
                 if stop:
-                    raise Interrupted(requested[0], done, saving)
+                    raise Interrupted(stop, done, saving)
         finally:  # donated buffers: the objects must get the live state back, even after an exception
             loader.close()
             bar.close()
