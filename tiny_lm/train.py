@@ -416,7 +416,7 @@ def fit(
                 agree = jax.process_count() == 1 or done % cfg.log_every == 0  # many processes compare notes at log steps only
                 stop = _on_any_process(requested[0] if requested else 0) if agree and done < total_steps else 0  # a signal to any process stops all
                 late = agree and cfg.save_every_minutes > 0 and bool(_on_any_process(time.monotonic() - last_save >= 60 * cfg.save_every_minutes))
-                saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late or stop)
+                saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late or stop > 0)
                 if evaluating or saving:
                     jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
                     paused = time.perf_counter()
