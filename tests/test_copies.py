@@ -16,16 +16,11 @@ import pytest
 
 from test_cli import ENV, tiny_lm, without
 from test_faults import RUN, final_params, losses, start, wait_until
+from test_multihost import free_port
 
 AZURITE = Path.home() / ".cache" / "tiny_lm_tests" / "azurite-3.35.0"  # azurite 3.35 is the last that runs on Node 20
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="  # Azurite's published development key
 BUCKET, PREFIX = "tiny-lm-runs", "shakespeare/run1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(cmd: list, port: int, log: Path, env=None) -> subprocess.Popen:

@@ -503,8 +503,8 @@ class Trainer:
         self.expect_vocab_size = None if tokenizer_config is None or tokenizer_config.auto_vocab_size else tokenizer_config.vocab_size
         self.output_dir, self.mesh_spec, self.progress = Path(output_dir), mesh, progress
         self.resume_from = resume_from if resume_from is None or is_url(resume_from) else Path(resume_from)  # a URL is fetched by fit
-        self.copies = [d for d in (check_backup_dir(backup_dir, output_dir), cloud) if d is not None]
-        self.copies = [destination(d) if isinstance(d, Path) else d for d in self.copies]
+        backup = check_backup_dir(backup_dir, output_dir)
+        self.copies = [d for d in (backup and destination(backup), cloud) if d is not None]  # where the run is copied
         if self.resume_from is None and not overwrite and committed_steps(self.output_dir):
             self.resume_from = self.output_dir  # never start over a run by accident: continue it
         self.init_from, self.tokenizer_path = init_from, Path(tokenizer_path) if tokenizer_path else None

@@ -69,10 +69,12 @@ class Destination:
         "The fsspec file system and the root path in it."
         if self.local:
             return fsspec.filesystem("file"), str(Path(self.url).expanduser().absolute())
-        if self.scheme == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):  # an emulator speaks JSON only, not gcsfs's experimental gRPC
-            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        options = self.options
+        if self.scheme == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):  # a GCS emulator: JSON only, no credentials
+            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # gcsfs's experimental gRPC path hangs on one
+            options = {"token": "anon", **options}  # (and looking for credentials can take a minute)
         try:
-            fs = fsspec.filesystem(self.scheme, **self.options)
+            fs = fsspec.filesystem(self.scheme, **options)
         except ImportError:
             package = PACKAGES.get(self.scheme, self.scheme)
             raise TinyLMError(f"copies to {self.scheme}:// need the {package} package: pip install {package} (or pip install 'tiny_lm[cloud]')") from None
@@ -104,8 +106,6 @@ def cloud_destination(provider: str, bucket: str, prefix: str = "", region: str 
         options["client_kwargs"] = {"region_name": region}
     if (account_name or sas_token) and scheme != "az":
         raise TinyLMError("--azure-account-name and --azure-sas-token apply to --cloud-provider azure: leave them out")
-    if scheme == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):
-        options["token"] = "anon"  # an emulator takes no credentials (and looking for them can take a minute)
     if scheme == "az" and sas_token:
         endpoint = _connection_field("BlobEndpoint")
         if endpoint:
@@ -124,9 +124,13 @@ def destination(url: str | Path, options: dict | None = None, secrets=(), like: 
     dest = Destination(str(url), dict(options or {}), tuple(secrets))
     if like is not None and options is None and like.scheme == dest.scheme:
         dest.options, dest.secrets = dict(like.options), like.secrets
-    elif options is None and dest.scheme == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):
-        dest.options["token"] = "anon"
     return dest
+
+def _run_root(dest: Destination) -> tuple[Destination, int | None]:
+    "The copied run a URL names, and the step when it names one of the run's `checkpoint_step_N` folders."
+    head, _, last = dest.url.rstrip("/").rpartition("/")
+    step = _step_of(last)
+    return (Destination(head, dest.options, dest.secrets) if step is not None else dest), step
 
 # %% ../nbs/06a_copies.ipynb #8e472932
 def _with_deadline(fn, seconds: float):
@@ -349,12 +353,10 @@ def is_url(path) -> bool:
 
 def fetch_run(dest: Destination, into: str | Path | None = None, say=print) -> Path:
     "Download the newest complete step of a copied run (or the `checkpoint_step_N` its URL names), with its JSON files, into a local run folder."
-    fs, root = dest.filesystem()
-    step = _step_of(root.rsplit("/", 1)[-1])
-    if step is not None:
-        root = root.rsplit("/", 1)[0]
+    run, step = _run_root(dest)
+    fs, root = run.filesystem()
     try:
-        found = _with_deadline(lambda: complete_steps(Destination(f"{dest.scheme}://{root}", dest.options, dest.secrets)), 60)
+        found = _with_deadline(lambda: complete_steps(run), 60)
     except Exception as e:
         raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): check the name, the network and the credentials") from None
     candidates = [step] if step is not None else found[::-1]
@@ -391,12 +393,11 @@ def fetch_run(dest: Destination, into: str | Path | None = None, say=print) -> P
 # %% ../nbs/06a_copies.ipynb #4780e804
 def run_id_of(dest: Destination) -> tuple[str | None, list[int]]:
     "The id of the run copied at `dest` (None if it holds no copy) and its complete steps."
-    fs, root = dest.filesystem()
-    step = _step_of(root.rsplit("/", 1)[-1])
-    root = root.rsplit("/", 1)[0] if step is not None else root
+    run, _ = _run_root(dest)
+    fs, root = run.filesystem()
     try:
         record = _with_deadline(lambda: _read_json(fs, f"{root}/{RUN_FILE}"), 60)
-        steps = complete_steps(Destination(f"{dest.scheme}://{root}" if not dest.local else root, dest.options, dest.secrets))
+        steps = complete_steps(run)
     except Exception as e:
         raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): check the name, the network and the credentials") from None
     return (record or {}).get("run_id"), steps

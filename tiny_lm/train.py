@@ -365,12 +365,12 @@ def stop_signals():
         for s, handler in previous.items():
             signal.signal(s, handler)
 
-def _on_any_process(value: int) -> int:
-    "The largest `value` (a flag, or a signal number; 0 for none) over all processes: every process gets the same answer."
+def _on_any_process(*values: int) -> list[int]:
+    "Each of `values` (flags, or a signal number; 0 for none), the largest over all processes: every process gets the same answers, in one exchange."
     if jax.process_count() == 1:
-        return int(value)
+        return [int(v) for v in values]
     from jax.experimental import multihost_utils
-    return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+    return [int(v) for v in np.max(multihost_utils.process_allgather(np.array(values, np.int32)), axis=0)]
 
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
@@ -414,9 +414,11 @@ def fit(
                 bar.update(1)
                 evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
                 agree = jax.process_count() == 1 or done % cfg.log_every == 0  # many processes compare notes at log steps only
-                stop = _on_any_process(requested[0] if requested else 0) if agree and done < total_steps else 0  # a signal to any process stops all
-                late = agree and cfg.save_every_minutes > 0 and bool(_on_any_process(time.monotonic() - last_save >= 60 * cfg.save_every_minutes))
-                saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late or stop > 0)
+                stop, late = 0, False  # a signal to any process stops all; a save that is due by the clock on any process saves all
+                if agree:
+                    stop, late = _on_any_process(requested[0] if requested and done < total_steps else 0,
+                                                 cfg.save_every_minutes > 0 and time.monotonic() - last_save >= 60 * cfg.save_every_minutes)
+                saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late > 0 or stop > 0)
                 if evaluating or saving:
                     jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
                     paused = time.perf_counter()
