@@ -19,6 +19,7 @@ min_python = cfg['min_python']
 requirements = cfg.get('requirements', '').split()
 dev_requirements = cfg.get('dev_requirements', '').split()
 cloud_requirements = cfg.get('cloud_requirements', '').split()
+test_requirements = cfg.get('test_requirements', '').split()
 
 setuptools.setup(
     name=cfg['lib_name'],
@@ -34,7 +35,8 @@ setuptools.setup(
     packages=setuptools.find_packages(include=['tiny_lm', 'tiny_lm.*']),
     include_package_data=True,
     install_requires=requirements,
-    extras_require={'dev': dev_requirements + cloud_requirements, 'cloud': cloud_requirements},
+    extras_require={'dev': dev_requirements + cloud_requirements + test_requirements, 'cloud': cloud_requirements,
+                    'test': test_requirements},
     python_requires='>=' + min_python,
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',

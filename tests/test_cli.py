@@ -1,5 +1,6 @@
 """The `tiny-lm` command end to end, in subprocesses, on the fixtures in tests/data/."""
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -59,7 +60,7 @@ def test_train_writes_the_seed_layout(trained):
         assert (out / name).exists(), name
     summary = json.loads((out / "training_summary.json").read_text())
     for key in ["final_loss", "best_loss", "total_steps", "total_time", "total_tokens", "avg_tokens_per_sec",
-                "model_params", "output_dir", "final_val_loss"]:
+                "model_params", "output_dir", "final_val_loss", "final_val_bpb"]:
         assert key in summary, key
     assert set(summary["device_info"]) >= {"backend", "num_devices", "device_type", "devices"}
     assert summary["device_info"]["num_devices"] == 2
@@ -533,3 +534,90 @@ def test_cpu_devices_default_to_the_usable_cores():
     assert result["device"]["cpu_cores_as_devices"] == (USABLE if USABLE > 1 else 0)
     assert result["mesh"]["data"] == max(d for d in range(1, USABLE + 1) if 12 % d == 0)
     assert result["tokens_per_step"] == 12 * 32  # --batch-size is the whole CPU's
+
+
+def test_generate_batches_stops_and_equals_the_reference(trained):
+    out, _ = trained
+    three = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "12", "--num-samples", "3")
+    assert three.returncode == 0, three.stderr
+    assert [f"--- sample {i} of 3 ---" in three.stdout for i in (1, 2, 3)] == [True] * 3
+    greedy = [tiny_lm("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", *flags)
+              for flags in ([], ["--no-cache"])]
+    assert greedy[0].returncode == 0 and greedy[0].stdout == greedy[1].stdout, (greedy[0].stderr, greedy[1].stdout)
+    stopped = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", "--stop", "\n")
+    assert stopped.returncode == 0 and "\n" not in stopped.stdout.rstrip("\n")[len("ROMEO:"):]
+    assert greedy[0].stdout.startswith(stopped.stdout.rstrip("\n"))
+    long_prompt = "ROMEO: " * 40  # longer than the window of 32 tokens
+    cut = tiny_lm("generate", "--checkpoint", str(out), "--prompt", long_prompt, "--max-tokens", "5")
+    assert cut.returncode == 0 and "generating from its last 32 tokens" in cut.stderr, cut.stderr
+
+
+def test_eval_scores_bits_per_byte_as_training_did(trained):
+    out, _ = trained
+    r = tiny_lm("eval", "--checkpoint", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert abs(result["bits_per_byte"] - summary["final_val_bpb"]) < 1e-4  # the fixture's validation text fits one evaluation
+    assert abs(result["perplexity"] - math.exp(result["loss"])) < 1e-6 * result["perplexity"]
+    assert abs(result["bits_per_byte"] - result["loss"] / math.log(2) * result["tokens"] / result["bytes"]) < 1e-9
+    assert 0 < result["bits_per_byte"] < 8 and result["tokens"] > 0
+    whole = json.loads(tiny_lm("eval", "--checkpoint", str(out), "--split", "train", "--max-examples", "20", "--json").stdout)
+    assert whole["documents"] == 20 and whole["split"] == "train"
+    other = tiny_lm("eval", "--checkpoint", str(out), "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body")
+    assert other.returncode == 0 and "bits per byte" in other.stdout, other.stderr
+
+
+GEN_BAD = {
+    "top-p zero": (["generate", "--top-p", "0"], "--top-p must be in (0, 1]"),
+    "top-p above one": (["generate", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    "negative temperature": (["generate", "--temperature", "-1"], "--temperature must be 0"),
+    "negative max tokens": (["generate", "--max-tokens", "-3"], "--max-tokens must be 0 or more"),
+    "no samples": (["generate", "--num-samples", "0"], "--num-samples must be at least 1"),
+    "missing checkpoint": (["generate", "--checkpoint", "/no/such/run"], "does not exist"),
+    "not a run": (["eval", "--checkpoint", "NOTARUN"], "no checkpoint in"),
+    "foreign tokenizer": (["generate", "--checkpoint", "FOREIGN"], "is not the tokenizer this checkpoint was trained with"),
+    "eval stride": (["eval", "--stride", "0"], "--stride must be at least 1"),
+    "eval stride too long": (["eval", "--stride", "33"], "longer than the model's window 32"),
+    "eval missing data": (["eval", "--dataset-id", "/no/such/file.txt"], "does not exist"),
+    "export format": (["export", "--out", "NEW", "--format", "gguf"], "unknown --format 'gguf'"),
+    "export exists": (["export", "--out", "EXISTING"], "exists: pass --overwrite"),
+    "export without out": (["export"], "needs --out DIR"),
+    "bench negative tokens": (["bench", "generate", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(GEN_BAD))
+def test_generate_eval_export_bad_input(trained, tmp_path, case):
+    out, _ = trained
+    args, message = GEN_BAD[case]
+    (tmp_path / "not_a_run").mkdir()
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "config.json").write_text("{}")
+    foreign = tmp_path / "foreign"
+    shutil.copytree(out, foreign)
+    from tokenizers import Tokenizer, models
+    Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a")).save(str(foreign / "tokenizer.json"))
+    names = {"NOTARUN": tmp_path / "not_a_run", "FOREIGN": foreign, "EXISTING": tmp_path / "existing", "NEW": tmp_path / "new"}
+    args = [str(names.get(a, a)) for a in args]
+    if args[0] != "bench" and "--checkpoint" not in args:
+        args += ["--checkpoint", str(out)]
+    before = snapshot(out)
+    r = tiny_lm(*args)
+    assert r.returncode == 2 and message in r.stderr, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
+    assert snapshot(out) == before and not (tmp_path / "new").exists()
+    assert (tmp_path / "existing" / "config.json").read_text() == "{}"
+
+
+def test_bench_generate_cache_is_ten_times_faster():
+    env = {**ENV, "XLA_FLAGS": ""}  # one CPU device, as a laptop user runs it
+    r = tiny_lm("bench", "generate", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stdout
+    result = json.loads(lines[0])
+    for key in ["cached_tokens_per_sec", "uncached_tokens_per_sec", "cached_batch8_tokens_per_sec"]:
+        assert result[key] > 0, key
+    assert result["seq_len"] == 128 and result["new_tokens"] == 256
+    assert result["cached_tokens_per_sec"] >= 10 * result["uncached_tokens_per_sec"], result

@@ -24,14 +24,16 @@ from pathlib import Path
 import jax
 import numpy as np
 from flax import nnx
+from tokenizers import Tokenizer, models
 
 from .checkpoint import (STEP_PREFIX, Checkpointer, best_step, load_checkpoint, publish, restore, restore_weights, run_meta,
                                 set_aside)
 from .copies import Destination, Mirror, check_destination, cloud_destination, destination, fetch_run, is_url, redact, run_id_of
-from .data import (Batches, DataConfig, StreamingBatches, eval_windows, first_tokens, load_tokens, open_source,
+from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens, open_source,
                           token_dtype, tokenize_documents, unigram_loss)
-from .generate import generate
-from .model import PRECISIONS, ModelConfig, count_params, default_precision, describe_attention, merge_lora
+from .export import export_hf
+from .generate import check_sampling, evaluate_text, generate, generate_batch
+from .model import PRECISIONS, ModelConfig, Transformer, count_params, default_precision, describe_attention, merge_lora
 from .parallel import (_path_name, batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh, device_banner, device_info,
                               global_put, initialize_distributed, is_main_process, make_mesh, parse_mesh, sharded_init, sharded_memory_bytes,
                               split_batch, usable_cores, use_cpu_cores)
@@ -41,9 +43,10 @@ from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_
 from .train import Interrupted, TrainConfig, fit, init_model, make_train_step, peak_flops
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'configs_from_args', 'committed_steps', 'check_backup_dir', 'copy_destinations', 'mesh_devices',
-           'run_mesh', 'split_cpu', 'Trainer', 'run_train', 'run_generate', 'run_inspect', 'run_size', 'measure_speed',
-           'run_bench_data', 'run_bench_train', 'main']
+__all__ = ['SAMPLE_TOKENS', 'EXPORT_FORMATS', 'configs_from_args', 'committed_steps', 'check_backup_dir', 'copy_destinations',
+           'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'run_train', 'run_generate', 'run_eval', 'run_export',
+           'run_inspect', 'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train', 'run_bench_generate',
+           'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -611,6 +614,9 @@ class Trainer:
             _close_copies(ckpt.copies, say, timeout=20)
             raise
         summary = _summary(run, model, model_cfg, train_cfg, out, total_steps, baseline, started, info, ckpt, per_epoch, bpt)
+        val_rows = sum(len(b) for b in val_batches)  # bits per byte of the validation text, scored as `tiny-lm eval` scores it
+        summary["final_val_bpb"] = evaluate_text(model, tokenizer, source.documents("val"), source.separator, max_tokens=val_rows * model_cfg.seq_len,
+                                                 batch_size=len(val_batches[0]), put=global_put(mesh))["bits_per_byte"]
         summary |= {"trainable_params": count_params(model, optimizer.wrt), "init_from": init_ref, "mesh": dict(mesh.shape),
                     "effective_batch_size": global_batch * accum}
         if self.merge_lora:
@@ -629,7 +635,7 @@ class Trainer:
                 mirror.copy_run_files()  # the summary too
         ckpt.close()
         mfu = f"MFU {summary['mfu']:.1%}, " if summary["mfu"] is not None else ""
-        say(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {baseline:.4f}), "
+        say(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {baseline:.4f}), {summary['final_val_bpb']:.3f} bits per byte, "
             f"{summary['avg_tokens_per_sec']:,.0f} tokens/s, {mfu}{summary['outside_step_fraction']:.1%} of the time outside the compiled step, "
             f"waited for data {summary['data_wait_fraction']:.1%}, {summary['total_time']:.0f} s -> {out}")
         budget, rate = summary["compute_optimal_tokens"], summary["avg_tokens_per_sec"]
@@ -689,23 +695,100 @@ def run_train(args) -> dict:
     return trainer.fit()
 
 # %% ../nbs/09_cli.ipynb #297fe33f
+def _sampling_flags(p, max_tokens: int = 100) -> None:
+    p.add_argument("--max-tokens", "--max-length", dest="max_tokens", type=int, default=max_tokens, help=f"tokens to generate at most (default: {max_tokens})")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random (default: 0.8)")
+    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens, 0 for all (default: 50)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set of tokens with this much probability, in (0, 1] (default: 1.0, all)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampler: the same seed and flags give the same text (default: 0)")
+
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="sample text from a trained model")
     p.add_argument("--checkpoint", default="output", help="a run folder (newest checkpoint) or one checkpoint_step_N folder (default: output)")
-    p.add_argument("--prompt", default="", help="text to continue (default: start a new document)")
-    p.add_argument("--max-tokens", "--max-length", dest="max_tokens", type=int, default=100, help="tokens to generate at most (default: 100)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random (default: 0.8)")
-    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens, 0 for all (default: 50)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set with this much probability (default: 1.0, all)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default: 0)")
+    p.add_argument("--prompt", default="", help="text to continue; a prompt longer than the model's window keeps its last tokens (default: start a new document)")
+    _sampling_flags(p)
+    p.add_argument("--num-samples", type=int, default=1, help="continuations of the prompt, generated as one batch (default: 1)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a sample before this text; repeat for several (default: only at end-of-text)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole window for every token instead of using the KV cache: the slow reference (default: off)")
 
-def run_generate(args) -> str:
-    "Print and return a sample from the checkpoint."
+def run_generate(args) -> list[str]:
+    "Print each sample as it is generated (one) or under a header (several); return them."
+    check_sampling(args.temperature, args.top_k, args.top_p, args.max_tokens, args.num_samples)
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    text = generate(model, tokenizer, args.prompt, max_new_tokens=args.max_tokens, temperature=args.temperature,
-                    top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    print(text)
-    return text
+    knobs = dict(num_samples=args.num_samples, max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                 top_p=args.top_p, seed=args.seed, stop=args.stop, use_cache=not args.no_cache)
+    if args.num_samples == 1:  # stream: the prompt now, then the text as it becomes final
+        print(args.prompt, end="", flush=True)
+        texts = generate_batch(model, tokenizer, args.prompt, **knobs, on_text=lambda i, piece: print(piece, end="", flush=True))
+        print()
+        return texts
+    texts = generate_batch(model, tokenizer, args.prompt, **knobs)
+    for i, text in enumerate(texts, 1):
+        print(f"--- sample {i} of {len(texts)} ---\n{text}")
+    return texts
+
+# %% ../nbs/09_cli.ipynb #46dd45ac
+def _eval_parser(sub) -> None:
+    p = sub.add_parser("eval", help="loss, perplexity and bits per byte of a trained model on any text source")
+    p.add_argument("--checkpoint", default="output", help="a run folder (newest checkpoint) or one checkpoint_step_N folder (default: output)")
+    p.add_argument("--dataset-id", default=None, help="text to score: " + _HELP["dataset_id"].split(" (default")[0] + " (default: the run's own dataset)")
+    p.add_argument("--dataset-config", default=None, help=_HELP["dataset_config"])
+    p.add_argument("--text-column", default=None, help="column holding the text (jsonl, json, parquet, csv and hub sources) (default: the run's, else text)")
+    p.add_argument("--split", default="validation", help="validation: the held-out documents as training chooses them; any other name: that whole split (default: validation)")
+    p.add_argument("--max-examples", type=int, default=None, help="score at most this many documents (default: all of the split)")
+    p.add_argument("--stride", type=int, default=None, help="tokens between the starts of the scoring windows, 1 to the model's window (default: half the window)")
+    p.add_argument("--batch-size", type=int, default=16, help="windows scored per compiled call (default: 16)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a line of text (default: text)")
+
+def _eval_source(args, run_data: dict) -> TextSource:
+    "The documents to score: the run's validation documents, or a whole named split."
+    same = args.dataset_id in (None, run_data.get("dataset_id"))
+    base = {k: run_data[k] for k in ("dataset_id", "dataset_config", "text_column", "val_split") if same and k in run_data}
+    given = {k: v for k, v in [("dataset_id", args.dataset_id), ("dataset_config", args.dataset_config), ("text_column", args.text_column)] if v is not None}
+    whole = {} if args.split == "validation" else {"split": args.split, "val_split": args.split}  # "val" then reads that split, all of it
+    return open_source(DataConfig(**{**base, **given, **whole, "max_val_examples": args.max_examples, "num_workers": 0}))
+
+def run_eval(args) -> dict:
+    "Score the text; print the result (one JSON object with --json) and return it."
+    for name in ("max_examples", "stride", "batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    _, _, meta = run_meta(args.checkpoint)  # a wrong folder fails before any data is read
+    source = _eval_source(args, meta["config"].get("data", {}))
+    model, tokenizer, cfg = load_checkpoint(args.checkpoint)
+    if args.stride is not None and args.stride > cfg.seq_len:
+        raise TinyLMError(f"--stride {args.stride} is longer than the model's window {cfg.seq_len}: use at most {cfg.seq_len}")
+    result = evaluate_text(model, tokenizer, source.documents("val"), source.separator, stride=args.stride, batch_size=args.batch_size)
+    result |= {"checkpoint": str(args.checkpoint), "dataset_id": source.cfg.dataset_id, 
+               "split": source.val_name or f"the {source.val_fraction:.0%} of {source.cfg.split!r} held out for validation"}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"loss {result['loss']:.4f} nats/token, perplexity {result['perplexity']:.2f}, {result['bits_per_byte']:.4f} bits per byte "
+              f"over {result['tokens']:,} tokens ({result['bytes']:,} bytes, {result['documents']:,} documents of {result['dataset_id']}, {result['split']}); "
+              f"windows of {result['windows']}")
+    return result
+
+# %% ../nbs/09_cli.ipynb #5289dc3a
+EXPORT_FORMATS = {"hf": "a Hugging Face folder in the Llama layout (config.json, model.safetensors, tokenizer files)"}
+
+def _export_parser(sub) -> None:
+    p = sub.add_parser("export", help="write a trained model in another library's format (hf: a Hugging Face Llama folder)")
+    p.add_argument("--checkpoint", default="output", help="a run folder (newest checkpoint) or one checkpoint_step_N folder (default: output)")
+    p.add_argument("--format", default="hf", help="; ".join(f"{k}: {v}" for k, v in EXPORT_FORMATS.items()) + " (default: hf)")
+    p.add_argument("--out", default=None, help="the folder to write; it must not exist unless --overwrite (default: none, it must be given)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out, once the new one is complete (default: off)")
+
+def run_export(args) -> Path:
+    "Write the export; print where it is and how to load it."
+    if args.out is None:
+        raise TinyLMError("tiny-lm export needs --out DIR: the folder to write the export to")
+    if args.format not in EXPORT_FORMATS:
+        raise TinyLMError(f"unknown --format {args.format!r}: choose one of {', '.join(EXPORT_FORMATS)} (hf: {EXPORT_FORMATS['hf']})")
+    out = export_hf(args.checkpoint, args.out, overwrite=args.overwrite)
+    print(f"exported {args.checkpoint} to {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}) "
+          f"and AutoTokenizer.from_pretrained({str(out)!r})")
+    return out
 
 # %% ../nbs/09_cli.ipynb #73a0c77d
 def _inspect_parser(sub) -> None:
@@ -822,7 +905,7 @@ def measure_speed(cfg: ModelConfig, batch_size: int, steps: int = 5) -> float:
 
 # %% ../nbs/09_cli.ipynb #6022b92b
 def _bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="measure speed (data: the input pipeline; train: the training step)")
+    p = sub.add_parser("bench", help="measure speed (data: the input pipeline; train: the training step; generate: decoding)")
     kinds = p.add_subparsers(dest="bench", required=True)
     d = kinds.add_parser("data", help="tokens/s of cached batches, streaming batches and the tokenizer's own encoding")
     d.add_argument("--dataset-id", default=DataConfig.dataset_id, help=_HELP["dataset_id"])
@@ -836,6 +919,7 @@ def _bench_parser(sub) -> None:
     d.add_argument("--tokens", type=int, default=4_000_000, help="training tokens to time each pipeline over (default: 4000000)")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of lines of text (default: text)")
     _bench_train_parser(kinds)
+    _bench_generate_parser(kinds)
 
 def _rate(make_batch, tokens_per_batch: int, n_tokens: int) -> float:
     "Tokens per second of `make_batch()` over at least `n_tokens` tokens."
@@ -942,6 +1026,50 @@ def run_bench_train(args) -> dict:
               f"{result['outside_step_fraction']:.1%} of the time outside the compiled step")
     return result
 
+# %% ../nbs/09_cli.ipynb #81844947
+def _bench_generate_parser(kinds) -> None:
+    g = kinds.add_parser("generate", help="decode tokens/s with the KV cache (batch 1 and 8) and without it (batch 1)")
+    g.add_argument("--checkpoint", default=None, help="a run folder to time (default: the tiny preset with random weights and a vocabulary of 4096)")
+    g.add_argument("--prompt", default="", help="text to continue (default: start a new document)")
+    _sampling_flags(g, max_tokens=256)
+    g.add_argument("--cpu-devices", type=int, default=None, help="CPU runs: how many devices to show XLA the CPU as; batch 8 is split over them when they divide it (default: 1)")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of lines of text (default: text)")
+
+def _placeholder_tokenizer(vocab_size: int) -> Tokenizer:
+    "A word-level tokenizer of `vocab_size` made-up tokens: enough to decode what a model with random weights generates."
+    return Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+
+def run_bench_generate(args) -> dict:
+    "Time generation with and without the cache; print the rates (one JSON object with --json) and return them."
+    check_sampling(args.temperature, args.top_k, args.top_p, args.max_tokens)
+    if args.max_tokens < 1:
+        raise TinyLMError(f"--max-tokens must be at least 1 to time generation, got {args.max_tokens}")
+    split_cpu(args.cpu_devices or 1)
+    if args.checkpoint:
+        model, tokenizer, cfg = load_checkpoint(args.checkpoint)
+    else:
+        cfg = preset_config("tiny", 4096)
+        model, tokenizer = Transformer(cfg, rngs=nnx.Rngs(0)), _placeholder_tokenizer(cfg.vocab_size)
+    knobs = dict(max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                 seed=args.seed, stop_at_eot=False)
+    def rate(batch: int, use_cache: bool) -> float:
+        generate_batch(model, tokenizer, args.prompt, batch, **{**knobs, "max_new_tokens": 4}, use_cache=use_cache)  # compile
+        started = time.perf_counter()
+        generate_batch(model, tokenizer, args.prompt, batch, **knobs, use_cache=use_cache)
+        return batch * args.max_tokens / (time.perf_counter() - started)
+    cached = max(rate(1, True) for _ in range(3))  # the best of three: a shared machine only ever slows a run down
+    uncached = rate(1, False)
+    result = {"cached_tokens_per_sec": cached, "uncached_tokens_per_sec": uncached, "cache_speedup": cached / uncached,
+              "cached_batch8_tokens_per_sec": max(rate(8, True) for _ in range(2)), "new_tokens": args.max_tokens,
+              "checkpoint": args.checkpoint, "params": count_params(model), "seq_len": cfg.seq_len,
+              "device": {k: v for k, v in device_info().items() if k != "devices"}}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"with the KV cache {cached:,.0f} tokens/s at batch 1, {result['cached_batch8_tokens_per_sec']:,.0f} at batch 8; "
+              f"without it {uncached:,.0f} tokens/s ({result['cache_speedup']:.1f}× slower)")
+    return result
+
 # %% ../nbs/09_cli.ipynb #961cfc54
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
 
@@ -951,13 +1079,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _generate_parser(sub)
+    _eval_parser(sub)
+    _export_parser(sub)
     _inspect_parser(sub)
     _size_parser(sub)
     _bench_parser(sub)
     args = parser.parse_args(argv)
     try:
-        run = {"train": run_train, "generate": run_generate, "inspect": run_inspect, "size": run_size,
-               "bench": lambda args: {"data": run_bench_data, "train": run_bench_train}[args.bench](args)}
+        run = {"train": run_train, "generate": run_generate, "eval": run_eval, "export": run_export, "inspect": run_inspect, "size": run_size,
+               "bench": lambda args: {"data": run_bench_data, "train": run_bench_train, "generate": run_bench_generate}[args.bench](args)}
         run[args.command](args)
     except TinyLMError as e:
         print(f"error: {redact(str(e), [getattr(args, 'azure_sas_token', None)])}", file=sys.stderr)

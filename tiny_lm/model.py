@@ -203,14 +203,19 @@ class Attention(nnx.Module):
         self.qkv = _linear(cfg.d_model, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, cfg, rngs)
         self.out = _linear(cfg.d_model, cfg.d_model, cfg, rngs, init=_residual_init(cfg))
 
-    def __call__(self, x_BTD: jax.Array, rope_TK: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+    def heads(self, x_BTD: jax.Array, rope_TK: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        "Queries `[B, T, H, K]`, keys and values `[B, T, G, K]`, rotated when `rope_TK` is given (the KV cache stores these keys)."
         B, T, _ = x_BTD.shape
         H, G = self.cfg.n_head, self.cfg.n_kv_head
         qkv_BTNK = self.qkv(x_BTD).reshape(B, T, H + 2 * G, self.cfg.head_dim)  # N = H + 2G heads
         q_BTHK, k_BTGK, v_BTGK = jnp.split(qkv_BTNK, [H, H + G], axis=2)
         if rope_TK is not None:
             q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope_TK), apply_rope(k_BTGK, *rope_TK)
-        y_BTHK = causal_attention(q_BTHK, k_BTGK, v_BTGK, attention_implementation(self.cfg, T))
+        return q_BTHK, k_BTGK, v_BTGK
+
+    def __call__(self, x_BTD: jax.Array, rope_TK: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+        B, T, _ = x_BTD.shape
+        y_BTHK = causal_attention(*self.heads(x_BTD, rope_TK), attention_implementation(self.cfg, T))
         return self.out(y_BTHK.reshape(B, T, self.cfg.d_model))
 
 # %% ../nbs/01_model.ipynb #8d102888
@@ -262,15 +267,22 @@ class Transformer(nnx.Module):
         T = tokens_BT.shape[1]
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's seq_len {self.cfg.seq_len}")
-        positions_T = jnp.arange(T)
-        x_BTD = self.embed(tokens_BT)
-        rope_TK = rope_angles(positions_T, self.cfg.head_dim, self.cfg.rope_theta) if self.cfg.use_rope else None
-        if self.pos_embed is not None:
-            x_BTD = x_BTD + self.pos_embed(positions_T)[None]
+        x_BTD, rope_TK = self.inputs(tokens_BT, jnp.arange(T))
         embed_key, *block_keys = _split(dropout_key, len(self.blocks) + 1)
         x_BTD = self.dropout(x_BTD, deterministic=embed_key is None, rngs=embed_key)
         for block, key in zip(self.blocks, block_keys):
             x_BTD = block(x_BTD, rope_TK, key)
+        return self.logits(x_BTD)
+
+    def inputs(self, tokens_BT: jax.Array, positions_T: jax.Array) -> tuple[jax.Array, tuple | None]:
+        "The residual stream's start `[B, T, D]` (token embeddings, plus learned positions) and the RoPE angles of `positions_T` (None without RoPE)."
+        x_BTD = self.embed(tokens_BT)
+        if self.pos_embed is not None:
+            x_BTD = x_BTD + self.pos_embed(positions_T)[None]
+        return x_BTD, rope_angles(positions_T, self.cfg.head_dim, self.cfg.rope_theta) if self.cfg.use_rope else None
+
+    def logits(self, x_BTD: jax.Array) -> jax.Array:
+        "The final norm and the output projection (the embedding matrix when tied), in float32."
         x_BTD = self.norm(x_BTD)
         logits_BTV = self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)
         return logits_BTV.astype(jnp.float32)
