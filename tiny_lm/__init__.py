@@ -2,7 +2,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {  # name -> module: the package's headline API, imported on first use so `import tiny_lm` does not import JAX
     "Trainer": "cli", "ModelConfig": "model", "TrainConfig": "train", "DataConfig": "data", "TokenizerConfig": "tokenizer",
-    "load_checkpoint": "checkpoint", "generate": "generate", "use_cpu_cores": "parallel",
+    "load_checkpoint": "checkpoint", "generate": "generate", "generate_batch": "generate", "evaluate_text": "generate",
+    "export_hf": "export", "use_cpu_cores": "parallel",
 }
 __all__ = list(_EXPORTS)
 
