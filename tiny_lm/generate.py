@@ -107,16 +107,19 @@ def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], 
     return model.logits(x_BTD), new_cache
 
 @lru_cache(maxsize=8)
-def _steps(graphdef: nnx.GraphDef) -> tuple[Callable, Callable]:
-    "The compiled steps for one model structure: `(cached, reference)` (made once: hashing a graph definition per token costs more than a decode step)."
-    def cached(state, cache, tokens_BT, start, last, key, n, temperature, top_p, **mode):
-        "Prefill (`T` = the window) or decode (`T` = 1): extend the cache, sample each row's token after position `last`."
-        logits_BTV, cache = forward_cached(nnx.merge(graphdef, state), tokens_BT, cache, start)
+def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable]:
+    "The compiled steps for one model structure: `(cached, reference)`, taking the state as its flat list of arrays."
+    # Made once per generate call, not per token: hashing a graph definition, or flattening the nested state, costs
+    # a good part of a decode step on a CPU.
+    def cached(leaves, cache, tokens_BT, start, last, key, n, temperature, top_p, **mode):
+        "Prefill (`T` > 1, the window so far) or decode (`T` = 1): extend the cache, sample each row's token after position `last`."
+        model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+        logits_BTV, cache = forward_cached(model, tokens_BT, cache, start)
         return sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode), cache
 
-    def reference(state, window_BT, last, key, n, temperature, top_p, **mode):
+    def reference(leaves, window_BT, last, key, n, temperature, top_p, **mode):
         "No cache: run the whole window `[B, T]`, sample each row's token after position `last`."
-        logits_BV = nnx.merge(graphdef, state)(window_BT)[:, last]
+        logits_BV = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))(window_BT)[:, last]
         return sample_rows(logits_BV, jax.random.fold_in(key, n), temperature, top_p, **mode)
 
     static = ("greedy", "top_k", "nucleus")
@@ -209,15 +212,16 @@ def generate_batch(
     texts = [_Text(tokenizer, tuple(s for s in stop if s), on_text and partial(on_text, i)) for i in range(B)]
     graphdef, state = nnx.split(model)
     state, put, rows = _placement(state, B)
-    cached_step, reference_step = _steps(graphdef)
+    state, treedef = jax.tree.flatten(state)
+    cached_step, reference_step = _steps(graphdef, treedef)
     mode, key, start, cache = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
     for n in range(len(ids), len(ids) + max_new_tokens):
         knobs = (key, n, temperature, top_p)  # the step's key is fold_in(key, n), made inside the compiled step
         start, jumped = _window_start(start, n, T), n - start > T
         if use_cache and cache is not None and not jumped:  # decode: one token at its window position
             new_B, cache = cached_step(state, cache, put(tokens_BN[:, n - 1:n]), n - 1 - start, 0, *knobs, **mode)
-        else:  # the whole window: the reference step, or a prefill
-            window_BT = np.zeros((B, T), np.int32)
+        else:  # the whole window: the reference step, or a prefill (padded to a power of two: a few compilations)
+            window_BT = np.zeros((B, T if not use_cache else min(T, max(16, 1 << (n - start - 1).bit_length()))), np.int32)
             window_BT[:, :n - start] = tokens_BN[:, start:n]
             if use_cache:
                 cache = init_cache(model.cfg, B, rows) if cache is None else cache
