@@ -40,13 +40,13 @@ from .parallel import (_path_name, batch_devices, batch_put, choose_mesh, cpu_me
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
-from .train import Interrupted, TrainConfig, fit, init_model, make_train_step, peak_flops
+from .train import Interrupted, TrainConfig, fit, in_notebook, init_model, make_train_step, peak_flops
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'EXPORT_FORMATS', 'configs_from_args', 'committed_steps', 'check_backup_dir', 'copy_destinations',
-           'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'run_train', 'run_generate', 'run_eval', 'run_export',
-           'run_inspect', 'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train', 'run_bench_generate',
-           'main']
+__all__ = ['SAMPLE_TOKENS', 'EXPORT_FORMATS', 'EXAMPLES', 'configs_from_args', 'committed_steps', 'check_backup_dir',
+           'copy_destinations', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'run_train', 'run_generate',
+           'run_eval', 'run_export', 'run_inspect', 'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train',
+           'run_bench_generate', 'build_parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -99,25 +99,33 @@ _HELP = {
 
 def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model (defaults: the tiny preset on the built-in corpus, on 2 CPU cores in a few minutes)")
+    groups = {}
     for group, flags in [("data", _DATA_FLAGS), ("tokenizer", _TOKENIZER_FLAGS), ("model", _MODEL_FLAGS), ("training", _TRAIN_FLAGS)]:
-        g = p.add_argument_group(group)
+        g = groups[group] = p.add_argument_group(group)
         for name, typ in flags.items():
             g.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=_HELP[name])
-    g = p.add_argument_group("switches")
-    g.add_argument("--use-streaming", dest="streaming", action="store_const", const=True, default=None,
+    d, t, g = groups["data"], groups["tokenizer"], groups["model"]
+    d.add_argument("--use-streaming", dest="streaming", action="store_const", const=True, default=None,
                    help="stream the data: start at once, any corpus size (default: on for hub ids and local sources over 100 MB)")
-    g.add_argument("--no-streaming", dest="streaming", action="store_const", const=False,
+    d.add_argument("--no-streaming", dest="streaming", action="store_const", const=False,
                    help="tokenize the whole corpus once into a cache on disk and memory-map it (default for the rest)")
-    g.add_argument("--auto-vocab-size", action="store_true",
+    t.add_argument("--auto-vocab-size", action="store_true",
                    help="choose the vocabulary size from the data, between --min-vocab-size and --max-vocab-size (default: off, use --vocab-size)")
+    t.add_argument("--retrain-tokenizer", action="store_true", help="train a new tokenizer even if tokenizer.json exists (default: off, reuse it)")
+    t.add_argument("--tokenizer-path", default=None, help="use this tokenizer.json instead of training one (default: none, train one)")
     _size_flags(g)
-    g.add_argument("--retrain-tokenizer", action="store_true", help="train a new tokenizer even if tokenizer.json exists (default: off, reuse it)")
-    g.add_argument("--tokenizer-path", default=None, help="use this tokenizer.json instead of training one (default: none, train one)")
     for flag, what in [("rmsnorm", "LayerNorm instead of RMSNorm"), ("swiglu", "a GELU/--activation MLP instead of SwiGLU"),
                        ("rope", "learned positions instead of RoPE"),
                        ("flash-attention", "plain XLA attention instead of the device's flash kernel (cuDNN on GPUs, Pallas splash on TPUs)")]:
         g.add_argument(f"--no-{flag}", action="store_true", help=f"use {what} (default: off)")
     _precision_flags(g)
+    o = p.add_argument_group("output and resuming")
+    o.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go (default: output)")
+    o.add_argument("--resume-from", default=None, help="a run folder to continue from its newest readable checkpoint, or one of its checkpoint_step_N folders (default: none; an --output-dir that holds a run is continued)")
+    o.add_argument("--overwrite", action="store_true", help="start a new run in an --output-dir that holds one, replacing its checkpoints (default: off, continue that run)")
+    o.add_argument("--sample-prompt", default="", help="prompt of the samples printed at the end and at each evaluation (default: empty, a new document)")
+    o.add_argument("--eval-sample-tokens", type=int, default=0, help="print a sample of this many tokens at each evaluation, to watch the model learn (default: 0, none; 32 in a notebook's Trainer)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar, for logs (default: off, show it)")
     f = p.add_argument_group("fine-tuning")
     f.add_argument("--init-from", default=None, help="start from this run's weights (its folder, newest step, or a checkpoint_step_N folder) with a fresh optimizer and schedule; its tokenizer and architecture are reused (default: none, train from scratch)")
     f.add_argument("--use-lora", action="store_true", help="with --init-from: train low-rank adapters on every attention and MLP projection, base weights frozen (default: off, full fine-tuning)")
@@ -131,9 +139,6 @@ def _train_parser(sub) -> None:
     m.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (default: none, one process)")
     m.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index, 0 to --num-processes - 1 (default: none)")
     m.add_argument("--coordinator-timeout", type=int, default=60, help="multi-host: seconds to wait for the coordinator and the other processes (default: 60)")
-    g.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go (default: output)")
-    g.add_argument("--resume-from", default=None, help="a run folder to continue from its newest readable checkpoint, or one of its checkpoint_step_N folders (default: none; an --output-dir that holds a run is continued)")
-    g.add_argument("--overwrite", action="store_true", help="start a new run in an --output-dir that holds one, replacing its checkpoints (default: off, continue that run)")
     c = p.add_argument_group("copies elsewhere (made in the background as each checkpoint completes, with the same retention)")
     c.add_argument("--backup-dir", default=None, help="also keep a copy of the run in this folder, e.g. on a mounted Google Drive; --resume-from takes it (default: none)")
     c.add_argument("--cloud-provider", choices=["s3", "gcs", "azure"], default=None,
@@ -143,8 +148,6 @@ def _train_parser(sub) -> None:
     c.add_argument("--cloud-region", default=None, help="S3 only: the bucket's region (default: AWS_DEFAULT_REGION or the AWS configuration's)")
     c.add_argument("--azure-account-name", default=None, help="Azure only: the storage account (default: AZURE_STORAGE_ACCOUNT_NAME or the connection string's)")
     c.add_argument("--azure-sas-token", default=None, help="Azure only: a SAS token for the account, never printed or saved (default: AZURE_STORAGE_SAS_TOKEN or the connection string's credentials)")
-    g.add_argument("--sample-prompt", default="", help="prompt of the sample printed at the end (default: empty, a new document)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar, for logs (default: off, show it)")
 
 # %% ../nbs/09_cli.ipynb #f1019260
 def _size_flags(g) -> None:
@@ -496,6 +499,7 @@ class Trainer:
         retrain_tokenizer: bool = False,
         merge_lora: bool = False,  # a LoRA run also writes output_dir/merged
         sample_prompt: str | None = "",  # prompt of the sample printed at the end (None: no sample)
+        eval_sample_tokens: int | None = None,  # a sample of this many tokens at each evaluation (None: 32 in a notebook, else 0)
         progress: bool = True,
         overwrite: bool = False,  # an output_dir that holds a run: start afresh (True) or continue it (False)
         backup_dir: str | Path | None = None,  # also keep a copy of the run in this folder (a mounted Google Drive, say)
@@ -512,7 +516,19 @@ class Trainer:
             self.resume_from = self.output_dir  # never start over a run by accident: continue it
         self.init_from, self.tokenizer_path = init_from, Path(tokenizer_path) if tokenizer_path else None
         self.retrain_tokenizer, self.merge_lora, self.sample_prompt = retrain_tokenizer, merge_lora, sample_prompt
+        self.eval_sample_tokens = (32 if in_notebook() else 0) if eval_sample_tokens is None else eval_sample_tokens
+        if self.eval_sample_tokens < 0:
+            raise TinyLMError(f"--eval-sample-tokens must be 0 (no samples) or more, got {self.eval_sample_tokens}")
         self.say = print if is_main_process() else (lambda *a, **k: None)
+
+    def _eval_sampler(self, tokenizer) -> Callable | None:
+        "What `fit` calls after each evaluation: print a short sample of the model as it is (None: no samples)."
+        if not self.eval_sample_tokens or self.sample_prompt is None:
+            return None
+        def sample(step: int, model) -> None:
+            text = generate(model, tokenizer, self.sample_prompt, max_new_tokens=self.eval_sample_tokens, temperature=0.8, top_k=50, seed=step)
+            self.say(f"--- sample at step {step} ---\n{text}")
+        return sample
 
     def _model_config(self, vocab_size: int, saved: dict, init) -> ModelConfig:
         cfg = self.model_config
@@ -605,7 +621,8 @@ class Trainer:
             try:
                 run = fit(model, optimizer, batches, train_cfg, total_steps, val_batches=val_batches, start_step=start,
                           put=batch_put(mesh), val_put=global_put(mesh), checkpoint=ckpt, progress=self.progress and is_main_process(),
-                          log=say, output_dir=out if is_main_process() else None, peak=peak_flops(model_cfg.dtype))
+                          log=say, output_dir=out if is_main_process() else None, peak=peak_flops(model_cfg.dtype),
+                          on_eval=self._eval_sampler(tokenizer))
             finally:
                 ckpt.wait()
                 if isinstance(batches, StreamingBatches):
@@ -691,6 +708,7 @@ def run_train(args) -> dict:
     trainer = Trainer(_model_config_fn(args, saved, init, model_over), train_cfg, data_cfg, args.output_dir, tok_cfg if tokenizer_given else None, mesh=args.mesh,
                       resume_from=resume_root, init_from=args.init_from, tokenizer_path=args.tokenizer_path,
                       retrain_tokenizer=args.retrain_tokenizer, merge_lora=args.merge_lora, sample_prompt=args.sample_prompt,
+                      eval_sample_tokens=args.eval_sample_tokens,
                       progress=not args.no_progress, overwrite=args.overwrite, backup_dir=backup, cloud=cloud)
     return trainer.fit()
 
@@ -1073,18 +1091,47 @@ def run_bench_generate(args) -> dict:
 # %% ../nbs/09_cli.ipynb #961cfc54
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
 
+EXAMPLES = {  # two per command, shown at the end of its --help
+    "tiny-lm": ["tiny-lm train                      # the tiny preset on the built-in corpus, into output/",
+                "tiny-lm generate --prompt 'def '   # then sample from it"],
+    "tiny-lm train": ["tiny-lm train --dataset-id roneneldan/TinyStories --model-preset small --output-dir stories",
+                      "tiny-lm train --init-from output --use-lora --dataset-id notes.txt --merge-lora --output-dir lora"],
+    "tiny-lm generate": ["tiny-lm generate --checkpoint output --prompt 'def main(' --temperature 0.8 --top-p 0.95",
+                         "tiny-lm generate --checkpoint output --num-samples 4 --stop $'\\n\\n' --temperature 0"],
+    "tiny-lm eval": ["tiny-lm eval --checkpoint output",
+                     "tiny-lm eval --checkpoint output --dataset-id roneneldan/TinyStories --max-examples 1000 --json"],
+    "tiny-lm export": ["tiny-lm export --checkpoint output --out output-hf",
+                       "tiny-lm export --checkpoint lora/merged --out lora-hf --overwrite"],
+    "tiny-lm inspect": ["tiny-lm inspect output", "tiny-lm inspect output/checkpoint_step_500 --json"],
+    "tiny-lm size": ["tiny-lm size --model-preset small --seq-len 512", "tiny-lm size --target-params 20000000 --prefer-depth --json"],
+    "tiny-lm bench": ["tiny-lm bench train --json", "tiny-lm bench generate --checkpoint output"],
+    "tiny-lm bench data": ["tiny-lm bench data", "tiny-lm bench data --dataset-id corpus.jsonl --num-workers 4 --json"],
+    "tiny-lm bench train": ["tiny-lm bench train --json", "tiny-lm bench train --model-preset small --batch-size 8 --precision bf16"],
+    "tiny-lm bench generate": ["tiny-lm bench generate --json", "tiny-lm bench generate --checkpoint output --temperature 0"],
+}
+
+def _with_examples(parser: argparse.ArgumentParser) -> None:
+    "Put `EXAMPLES[parser.prog]` at the end of `parser`'s help, and the same for each of its subcommands."
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[parser.prog])
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _with_examples(sub)
+
+def build_parser() -> argparse.ArgumentParser:
+    "The `tiny-lm` command line: every command, its flags grouped as the seeds group them, and examples."
+    parser = argparse.ArgumentParser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX: "
+                                     "train, sample, evaluate in bits per byte, export to transformers, inspect, size and benchmark.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_train_parser, _generate_parser, _eval_parser, _export_parser, _inspect_parser, _size_parser, _bench_parser):
+        add(sub)
+    _with_examples(parser)
+    return parser
+
 def main(argv: list[str] | None = None) -> int:
     "Run `tiny-lm` with `argv` (default: the process's arguments); returns the exit status."
-    parser = argparse.ArgumentParser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _train_parser(sub)
-    _generate_parser(sub)
-    _eval_parser(sub)
-    _export_parser(sub)
-    _inspect_parser(sub)
-    _size_parser(sub)
-    _bench_parser(sub)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         run = {"train": run_train, "generate": run_generate, "eval": run_eval, "export": run_export, "inspect": run_inspect, "size": run_size,
                "bench": lambda args: {"data": run_bench_data, "train": run_bench_train, "generate": run_bench_generate}[args.bench](args)}

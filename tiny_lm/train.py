@@ -5,6 +5,7 @@
 # %% ../nbs/04_train.ipynb #90e2d7fb
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -309,7 +310,8 @@ def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped
     mfu = run.flops_per_token * rate / run.peak_flops if run.peak_flops else None
     entry = dict(step=done, loss=loss, grad_norm=float(metrics["grad_norm"]), lr=lr, skipped=skipped, tokens_per_sec=rate, mfu=mfu,
                  outside_step_fraction=(run.outside - prev["outside"]) / interval, time=synced - run.started)
-    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}),
+    val = {"val": f"{run.evals[-1]['val_loss']:.3f}"} if run.evals else {}
+    bar.set_postfix(loss=f"{loss:.3f}", **val, lr=f"{lr:.1e}", tok_s=f"{rate:,.0f}", **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}),
                     outside=f"{entry['outside_step_fraction']:.1%}", **({"skipped": skipped} if skipped else {}))
     _write_jsonl(metrics_path, entry)
     run.history.append(entry | dict(clock=clock, outside=run.outside))
@@ -319,13 +321,9 @@ def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped
                           "so the model and its last checkpoint hold the last good state: lower --learning-rate or raise --warmup-steps "
                           "(and check the data), then continue with --resume-from")
 
-def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
-    "Draw train and validation loss against steps from a `metrics.jsonl` (a resumed run's repeated steps: the latest wins) into `loss.png`."
+def loss_figure(train: dict[int, float], val: dict[int, float]):
+    "A matplotlib `Figure` of train and validation loss (`{step: loss}`) against steps."
     from matplotlib.figure import Figure  # no pyplot: works headless and inside notebooks alike
-    train, val = {}, {}
-    for line in metrics_path.read_text().splitlines():
-        r = json.loads(line)
-        (val if "val_loss" in r else train)[r["step"]] = r.get("val_loss", r.get("loss"))
     fig = Figure(figsize=(6, 3.5), tight_layout=True)
     ax = fig.add_subplot()
     for points, style, label in [(train, "-", "train"), (val, "o-", "validation")]:
@@ -333,10 +331,50 @@ def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
             steps = sorted(points)
             ax.plot(steps, [points[s] for s in steps], style, label=label)
     ax.set(xlabel="step", ylabel="loss (nats/token)", title="tiny_lm training")
-    ax.legend()
+    if train or val:
+        ax.legend()
+    return fig
+
+def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
+    "Draw train and validation loss against steps from a `metrics.jsonl` (a resumed run's repeated steps: the latest wins) into `loss.png`."
+    train, val = {}, {}
+    for line in metrics_path.read_text().splitlines():
+        r = json.loads(line)
+        (val if "val_loss" in r else train)[r["step"]] = r.get("val_loss", r.get("loss"))
     out = out or metrics_path.with_name("loss.png")
-    fig.savefig(out, dpi=100)
+    loss_figure(train, val).savefig(out, dpi=100)
     return out
+
+def in_notebook() -> bool:
+    "Whether this code runs in a Jupyter or Colab kernel (not a terminal, not a test runner)."
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in shell.config
+
+class LivePlot:
+    "The loss plot, redrawn in place below a notebook cell while `fit` runs: IPython display updates, no widget needed."
+    def __init__(self, every_seconds: float = 2.0):
+        self.every, self.handle, self.drawn = every_seconds, None, -math.inf
+        self.draws = 0  # how many times it was drawn
+
+    def update(self, run: TrainLog, force: bool = False) -> float:
+        "Redraw from `run` if `every_seconds` have passed (or `force`); returns the seconds it took."
+        started = time.perf_counter()
+        if not force and started - self.drawn < self.every:
+            return 0.0
+        from IPython.display import Image, display
+        buffer = io.BytesIO()
+        loss_figure({h["step"]: h["loss"] for h in run.history}, {e["step"]: e["val_loss"] for e in run.evals}).savefig(buffer, format="png", dpi=80)
+        image = Image(buffer.getvalue())
+        if self.handle is None:
+            self.handle = display(image, display_id=True)
+        else:
+            self.handle.update(image)
+        self.drawn, self.draws = time.perf_counter(), self.draws + 1
+        return self.drawn - started
 
 # %% ../nbs/04_train.ipynb #b752fc83
 class Interrupted(Exception):
@@ -385,8 +423,11 @@ def fit(
     output_dir: Path | str | None = None,  # append metrics.jsonl and draw loss.png here (None: neither)
     val_put: Callable | None = None,  # moves a validation batch (the same on every process) onto the devices (default: `put`)
     peak: float | None = None,  # peak FLOP/s of the devices, for MFU (default: `peak_flops` of the compute dtype)
+    live_plot: bool | None = None,  # redraw the loss plot below the cell as training runs (None: in a notebook, with `progress`)
+    on_eval: Callable[[int, Transformer], None] | None = None,  # called as on_eval(step, model) after each evaluation
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
+    live = LivePlot() if (progress and in_notebook() if live_plot is None else live_plot) else None
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed)
     eval_step, schedule, val_put = make_eval_step(model, optimizer), lr_schedule(cfg, total_steps), val_put or put
     run = TrainLog(tokens_per_step=0, start_step=start_step, flops_per_token=flops_per_token(model.cfg),
@@ -411,6 +452,7 @@ def fit(
                 run.steps += 1
                 if done % cfg.log_every == 0 or done == total_steps:
                     _record(run, done, metrics, float(schedule(step)), bar, cfg.max_skipped_steps, metrics_path)
+                    run.eval_seconds += live.update(run) if live else 0.0  # drawing is not training time
                 bar.update(1)
                 evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
                 agree = jax.process_count() == 1 or done % cfg.log_every == 0  # many processes compare notes at log steps only
@@ -429,6 +471,11 @@ def fit(
                         if metrics_path is not None:
                             plot_losses(metrics_path)
                         (bar.write if progress else log)(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {last_eval['val_loss']:.4f}")
+                        if live:
+                            live.update(run, force=True)
+                        if on_eval:
+                            nnx.update((model, optimizer), state)
+                            on_eval(done, model)
                     if saving:
                         nnx.update((model, optimizer), state)
                         data = {} if data_state is None else {"data": data_state()}
