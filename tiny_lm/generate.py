@@ -23,8 +23,8 @@ from .parallel import batch_sharding, make_mesh
 from .tokenizer import END_OF_TEXT_TOKENS, EOT, TinyLMError, document_separator
 
 # %% auto #0
-__all__ = ['filter_logits', 'sample_token', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache', 'cached_attention',
-           'forward_cached', 'check_sampling', 'generate_batch', 'generate', 'evaluate_text']
+__all__ = ['DECODE_CHUNK', 'filter_logits', 'sample_token', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache',
+           'cached_attention', 'forward_cached', 'check_sampling', 'generate_batch', 'generate', 'evaluate_text']
 
 # %% ../nbs/07_generate.ipynb #6e6f1dd2
 def filter_logits(logits_V: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
@@ -69,6 +69,8 @@ def sampling_mode(temperature: float, top_k: int, top_p: float) -> dict:
     return {"greedy": temperature == 0, "top_k": top_k, "nucleus": top_p < 1}
 
 # %% ../nbs/07_generate.ipynb #c10d56f7
+DECODE_CHUNK = 16  # decode steps per compiled call: the host checks stops and streams text between calls
+
 def _window_start(start: int, n: int, seq_len: int) -> int:
     "Where the context of the token after the first `n` begins: `start` until the window is full, then half a window back from `n`."
     return start if n - start <= seq_len else n - max(1, seq_len // 2)
@@ -107,15 +109,27 @@ def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], 
     return model.logits(x_BTD), new_cache
 
 @lru_cache(maxsize=8)
-def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable]:
-    "The compiled steps for one model structure: `(cached, reference)`, taking the state as its flat list of arrays."
+def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable, Callable]:
+    "The compiled steps for one model structure: `(prefill, decode, reference)`, taking the state as its flat list of arrays."
     # Made once per generate call, not per token: hashing a graph definition, or flattening the nested state, costs
     # a good part of a decode step on a CPU.
-    def cached(leaves, cache, tokens_BT, start, last, key, n, temperature, top_p, **mode):
-        "Prefill (`T` > 1, the window so far) or decode (`T` = 1): extend the cache, sample each row's token after position `last`."
+    def prefill(leaves, cache, tokens_BT, last, key, n, temperature, top_p, **mode):
+        "Fill the cache with the window so far `[B, T]`; sample each row's token after position `last` (token `n`)."
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        logits_BTV, cache = forward_cached(model, tokens_BT, cache, start)
+        logits_BTV, cache = forward_cached(model, tokens_BT, cache, 0)
         return sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode), cache
+
+    def decode(leaves, cache, token_B, position, key, n, steps, temperature, top_p, **mode):
+        "`steps` (at most `DECODE_CHUNK`) decode steps in one call: tokens `n`, `n+1`, ..., each from the one before it."
+        model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+        def one(i, carry):
+            cache, token_B, new_BK = carry
+            logits_B1V, cache = forward_cached(model, token_B[:, None], cache, position + i)
+            token_B = sample_rows(logits_B1V[:, 0], jax.random.fold_in(key, n + i), temperature, top_p, **mode)
+            return cache, token_B, new_BK.at[:, i].set(token_B)
+        new_BK = jnp.zeros((token_B.shape[0], DECODE_CHUNK), token_B.dtype)
+        cache, _, new_BK = jax.lax.fori_loop(0, steps, one, (cache, token_B, new_BK))
+        return new_BK, cache
 
     def reference(leaves, window_BT, last, key, n, temperature, top_p, **mode):
         "No cache: run the whole window `[B, T]`, sample each row's token after position `last`."
@@ -123,7 +137,8 @@ def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable]:
         return sample_rows(logits_BV, jax.random.fold_in(key, n), temperature, top_p, **mode)
 
     static = ("greedy", "top_k", "nucleus")
-    return jax.jit(cached, static_argnames=static, donate_argnums=1), jax.jit(reference, static_argnames=static)
+    return (jax.jit(prefill, static_argnames=static, donate_argnums=1), jax.jit(decode, static_argnames=static, donate_argnums=1),
+            jax.jit(reference, static_argnames=static))
 
 # %% ../nbs/07_generate.ipynb #2c42a4b6
 class _Text:
@@ -213,27 +228,28 @@ def generate_batch(
     graphdef, state = nnx.split(model)
     state, put, rows = _placement(state, B)
     state, treedef = jax.tree.flatten(state)
-    cached_step, reference_step = _steps(graphdef, treedef)
+    prefill_step, decode_steps, reference_step = _steps(graphdef, treedef)
     mode, key, start, cache = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
-    for n in range(len(ids), len(ids) + max_new_tokens):
-        knobs = (key, n, temperature, top_p)  # the step's key is fold_in(key, n), made inside the compiled step
+    n, end = len(ids), len(ids) + max_new_tokens
+    while n < end and not all(t.done for t in texts):
         start, jumped = _window_start(start, n, T), n - start > T
-        if use_cache and cache is not None and not jumped:  # decode: one token at its window position
-            new_B, cache = cached_step(state, cache, put(tokens_BN[:, n - 1:n]), n - 1 - start, 0, *knobs, **mode)
+        if use_cache and cache is not None and not jumped:  # decode: as many tokens as fit in the window, a chunk per call
+            k = min(DECODE_CHUNK, end - n, T - (n - start) + 1)
+            new_BK, cache = decode_steps(state, cache, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k, temperature, top_p, **mode)
         else:  # the whole window: the reference step, or a prefill (padded to a power of two: a few compilations)
             window_BT = np.zeros((B, T if not use_cache else min(T, max(16, 1 << (n - start - 1).bit_length()))), np.int32)
             window_BT[:, :n - start] = tokens_BN[:, start:n]
             if use_cache:
                 cache = init_cache(model.cfg, B, rows) if cache is None else cache
-                new_B, cache = cached_step(state, cache, put(window_BT), 0, n - 1 - start, *knobs, **mode)
+                new_B, cache = prefill_step(state, cache, put(window_BT), n - 1 - start, key, n, temperature, top_p, **mode)
             else:
-                new_B = reference_step(state, put(window_BT), n - 1 - start, *knobs, **mode)
-        tokens_BN[:, n] = new_B = np.asarray(new_B)
-        for text, token in zip(texts, new_B.tolist()):
-            if not text.done:
-                text.end() if token == eot else text.add(token)
-        if all(t.done for t in texts):
-            break
+                new_B = reference_step(state, put(window_BT), n - 1 - start, key, n, temperature, top_p, **mode)
+            new_BK, k = new_B[:, None], 1  # token n's key is fold_in(key, n) on every path: the same draws
+        for new_B in np.asarray(new_BK)[:, :k].T:
+            tokens_BN[:, n], n = new_B, n + 1
+            for text, token in zip(texts, new_B.tolist()):
+                if not text.done:
+                    text.end() if token == eot else text.add(token)
     return [prompt + (t.text if t.done else t.end()) for t in texts]
 
 def generate(model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 100, temperature: float = 0.8,
