@@ -269,10 +269,9 @@ def _scored_stream(documents: Iterable[str], tokenizer: Tokenizer, separator: st
             break
         text = doc if separator == EOT else doc + separator
         doc_ids = tokenizer.encode(text, add_special_tokens=False).ids
-        if separator == EOT:
-            doc_ids += context
-        ids += doc_ids
-        scored += [True] * (len(doc_ids) - (len(context) if separator == EOT else 0)) + [False] * (len(context) if separator == EOT else 0)
+        ids, scored = ids + doc_ids, scored + [True] * len(doc_ids)
+        if separator == EOT:  # the end-of-text token after the document: context for the next one, not scored
+            ids, scored = ids + context, scored + [False] * len(context)
         n_bytes += len(text.encode())
         n_docs += 1
     return np.array(ids, np.int32), np.array(scored, bool), n_bytes, n_docs
