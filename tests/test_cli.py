@@ -151,6 +151,7 @@ BAD_INPUT = {
     "process id out of range": (["--coordinator-address", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"], "between 0 and --num-processes - 1 = 1"),
     "skipped steps": (["--max-skipped-steps", "0"], "--max-skipped-steps must be at least 1"),
     "cpu devices": (["--cpu-devices", "0"], "--cpu-devices must be at least 1"),
+    "unknown profile": (["--profile", "a100"], "invalid choice: 'a100'"),
 }
 
 def make_bad_files(tmp_path) -> dict:

@@ -37,6 +37,7 @@ from .model import PRECISIONS, ModelConfig, Transformer, count_params, default_p
 from .parallel import (_path_name, batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh, device_banner, device_info,
                               global_put, initialize_distributed, is_main_process, make_mesh, parse_mesh, sharded_init, sharded_memory_bytes,
                               split_batch, usable_cores, use_cpu_cores)
+from .profiles import PROFILES, Plan, choose_batch, device_memory, match_hardware, plan_run
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
@@ -44,9 +45,9 @@ from .train import Interrupted, TrainConfig, fit, in_notebook, init_model, make_
 
 # %% auto #0
 __all__ = ['SAMPLE_TOKENS', 'EXPORT_FORMATS', 'EXAMPLES', 'configs_from_args', 'committed_steps', 'check_backup_dir',
-           'copy_destinations', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'run_train', 'run_generate',
-           'run_eval', 'run_export', 'run_inspect', 'run_size', 'measure_speed', 'run_bench_data', 'run_bench_train',
-           'run_bench_generate', 'build_parser', 'main']
+           'copy_destinations', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'apply_profile', 'run_train',
+           'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size', 'measure_speed', 'run_bench_data',
+           'run_bench_train', 'run_bench_generate', 'build_parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -81,16 +82,17 @@ _HELP = {
     "d_ff": "MLP hidden width (default: the preset's)",
     "seq_len": "tokens of context (default: the preset's)", "activation": "MLP activation: gelu, relu or silu (default: the preset's)",
     "dropout_rate": "dropout on the embeddings and residual branches while training, in [0, 1); off in evaluation and generation (default: 0)",
-    "batch_size": "sequences per micro-batch on each device, a CPU counting as one device (shared out over its cores); the global batch is this × devices (default: 16)",
+    "batch_size": "sequences per micro-batch on each device, a CPU counting as one device (shared out over its cores); the global batch is this × devices "
+                  "(default: the --profile's: 16 on a CPU, 32,768 tokens' worth on a GPU or TPU)",
     "max_skipped_steps": "stop after this many steps in a row with non-finite gradients, whose updates are skipped (default: 5)",
-    "gradient_accumulation_steps": "micro-batches per optimizer step (default: 1)",
+    "gradient_accumulation_steps": "micro-batches per optimizer step (default: the --profile's: 1, more where its batch does not fit the device's memory at once)",
     "learning_rate": "peak learning rate after warmup (default: 3e-3)", "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
     "warmup_steps": "linear warmup steps (default: 50)", "grad_clip": "clip gradients to this global norm; 0 disables (default: 1.0)",
     "max_steps": "optimizer steps to train (default: 600)",
     "epochs": "passes over the training data instead of --max-steps (default: none)",
     "eval_every": "steps between validation evaluations (default: 100)", "eval_batches": "validation batches per evaluation (default: 10)",
     "log_every": "steps between progress updates (default: 10)", "save_every": "steps between checkpoints (default: 200)",
-    "save_every_minutes": "also save a checkpoint when this many minutes of wall time passed since the last one, for disconnects that send no signal (default: 10; 0: by steps only)",
+    "save_every_minutes": "also save a checkpoint when this many minutes of wall time passed since the last one, for disconnects that send no signal (default: the --profile's: 10 on a CPU, 5 on a GPU or TPU; 0: by steps only)",
     "keep_checkpoints": "checkpoint_step_N folders to keep, newest first; the best by validation loss is kept besides (default: 2)",
     "cpu_devices": "CPU runs: how many devices to show XLA the CPU as, for data parallelism over its cores; they share --batch-size "
                    f"(default: one per usable core, {usable_cores()} here, unless XLA_FLAGS sets a count; 1: one device)",
@@ -113,12 +115,12 @@ def _train_parser(sub) -> None:
                    help="choose the vocabulary size from the data, between --min-vocab-size and --max-vocab-size (default: off, use --vocab-size)")
     t.add_argument("--retrain-tokenizer", action="store_true", help="train a new tokenizer even if tokenizer.json exists (default: off, reuse it)")
     t.add_argument("--tokenizer-path", default=None, help="use this tokenizer.json instead of training one (default: none, train one)")
-    _size_flags(g)
+    _size_flags(g, "the --profile's: tiny on a CPU")
     for flag, what in [("rmsnorm", "LayerNorm instead of RMSNorm"), ("swiglu", "a GELU/--activation MLP instead of SwiGLU"),
                        ("rope", "learned positions instead of RoPE"),
                        ("flash-attention", "plain XLA attention instead of the device's flash kernel (cuDNN on GPUs, Pallas splash on TPUs)")]:
         g.add_argument(f"--no-{flag}", action="store_true", help=f"use {what} (default: off)")
-    _precision_flags(g)
+    _precision_flags(g, "the --profile's, which is auto")
     o = p.add_argument_group("output and resuming")
     o.add_argument("--output-dir", default="output", help="where the tokenizer, configs, checkpoints and summary go (default: output)")
     o.add_argument("--resume-from", default=None, help="a run folder to continue from its newest readable checkpoint, or one of its checkpoint_step_N folders (default: none; an --output-dir that holds a run is continued)")
@@ -133,6 +135,11 @@ def _train_parser(sub) -> None:
     f.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale numerator: adapters are scaled by alpha / r (default: r, a scale of 1)")
     f.add_argument("--merge-lora", action="store_true", help="with --use-lora: also write OUTPUT_DIR/merged, a standalone model with the adapters folded in (default: off)")
     m = p.add_argument_group("devices and hosts")
+    m.add_argument("--profile", choices=PROFILES, default=None,
+                   help="hardware profile of a new run: it picks the model preset, per-device batch and accumulation, precision and save interval "
+                        "that suit the device (nbs/04a_profiles): auto detects the device; cpu, t4, l4, a100-40gb, a100-80gb, h100, h200, "
+                        "tpu-v5e and tpu-v6e name one; none keeps the flags' own defaults. A flag you give overrides its pick; "
+                        "a resumed run keeps its settings (default: auto)")
     m.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (N × M = all devices): data replicates the model, fsdp shards parameters and optimizer state (default: replicate if the memory estimate fits, else the smallest fsdp that fits)")
     m.add_argument("--cpu-devices", type=int, default=None, help=_HELP["cpu_devices"])
     m.add_argument("--coordinator-address", default=None, help="multi-host: HOST:PORT of process 0, given to every process (default: none, or detected on TPU pods and SLURM)")
@@ -150,15 +157,15 @@ def _train_parser(sub) -> None:
     c.add_argument("--azure-sas-token", default=None, help="Azure only: a SAS token for the account, never printed or saved (default: AZURE_STORAGE_SAS_TOKEN or the connection string's credentials)")
 
 # %% ../nbs/09_cli.ipynb #f1019260
-def _size_flags(g) -> None:
+def _size_flags(g, default: str = "tiny") -> None:
     labels = ", ".join(f"{k} {v}" for k, v in PRESET_LABELS.items())
-    g.add_argument("--model-preset", choices=list(PRESETS), default=None, help=f"named model size: {labels} parameters at vocabulary 4096 (default: tiny)")
+    g.add_argument("--model-preset", choices=list(PRESETS), default=None, help=f"named model size: {labels} parameters at vocabulary 4096 (default: {default})")
     g.add_argument("--target-params", type=int, default=None, help="build an architecture with about this many parameters, embedding included (±5%%) (default: use the preset)")
     g.add_argument("--prefer-depth", action="store_true", help="with --target-params: deeper and narrower (d_model / layers near 32 instead of 64) (default: off)")
 
-def _precision_flags(g) -> None:
+def _precision_flags(g, default: str = "auto") -> None:
     g.add_argument("--precision", choices=["auto", *PRECISIONS], default=None,
-                   help="compute precision (parameters stay fp32): auto = bf16 on TPUs and GPUs of compute capability ≥ 8.0, fp32 on CPUs and T4s (default: auto)")
+                   help=f"compute precision (parameters stay fp32): auto = bf16 on TPUs and GPUs of compute capability ≥ 8.0, fp32 on CPUs and T4s (default: {default})")
     g.add_argument("--use-mixed-precision", action="store_true", help="compute in bf16: the same as --precision bf16 (default: off, see --precision)")
 
 def _precision(args) -> str | None:
@@ -382,7 +389,7 @@ def _prepare_data(source, tokenizer, data_cfg: DataConfig, seq_len: int, train_c
 
 # %% ../nbs/09_cli.ipynb #5f28ebf8
 def _warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1, say=print) -> None:
-    report = size_report(model_cfg, per_device_batch, _device_memory())
+    report = size_report(model_cfg, per_device_batch, device_memory())
     report["train_memory_bytes"] = sharded_memory_bytes(model_cfg, per_device_batch, fsdp)
     report["fits"] = report["train_memory_bytes"] <= 0.9 * report["device_memory_bytes"]
     if not report["fits"]:
@@ -464,7 +471,7 @@ def run_mesh(spec: str | dict | None, model_cfg: ModelConfig, per_device_batch: 
     if spec is not None:
         sizes = parse_mesh(spec, n)
     else:  # a CPU's cores share one memory: nothing to gain from sharding over them
-        sizes = {"data": n, "fsdp": 1} if cpu_split() else choose_mesh(model_cfg, per_device_batch, n, _device_memory())
+        sizes = {"data": n, "fsdp": 1} if cpu_split() else choose_mesh(model_cfg, per_device_batch, n, device_memory())
     return make_mesh(sizes["data"], sizes["fsdp"])
 
 def split_cpu(cpu_devices: int | None, distributed: bool = False) -> None:
@@ -504,7 +511,12 @@ class Trainer:
         overwrite: bool = False,  # an output_dir that holds a run: start afresh (True) or continue it (False)
         backup_dir: str | Path | None = None,  # also keep a copy of the run in this folder (a mounted Google Drive, say)
         cloud: Destination | None = None,  # also copy the run to this bucket (`cloud_destination`)
+        profile: str | Plan | None = None,  # a hardware profile ("auto", "h100", ... or a `plan_run` plan): the configs left None follow its plan
     ):
+        self.profile = plan_run(profile) if isinstance(profile, str) else profile
+        if self.profile is not None:
+            model_config = model_config or self.profile.model_config
+            train_config = train_config or self.profile.train_config()
         self.model_config, self.train_config = model_config, train_config or TrainConfig()
         self.data_config, self.tokenizer_config = data_config or DataConfig(), tokenizer_config or TokenizerConfig()
         self.expect_vocab_size = None if tokenizer_config is None or tokenizer_config.auto_vocab_size else tokenizer_config.vocab_size
@@ -551,6 +563,8 @@ class Trainer:
         source = open_source(data_cfg)  # validates the dataset before anything is written
         info = device_info()
         say(device_banner(info))
+        if self.profile is not None:
+            say(self.profile.describe())
         out.mkdir(parents=True, exist_ok=True)
         given = self.tokenizer_path or (self.resume_from / "tokenizer.json" if self.resume_from else init[0] / "tokenizer.json" if init else None)
         tokenizer, how = _prepare_tokenizer(source, self.tokenizer_config, out, given, self.retrain_tokenizer, self.expect_vocab_size, say)
@@ -635,7 +649,7 @@ class Trainer:
         summary["final_val_bpb"] = evaluate_text(model, tokenizer, source.documents("val"), source.separator, max_tokens=val_rows * model_cfg.seq_len,
                                                  batch_size=len(val_batches[0]), put=global_put(mesh))["bits_per_byte"]
         summary |= {"trainable_params": count_params(model, optimizer.wrt), "init_from": init_ref, "mesh": dict(mesh.shape),
-                    "effective_batch_size": global_batch * accum}
+                    "effective_batch_size": global_batch * accum, "profile": asdict(self.profile) if self.profile else None}
         if self.merge_lora:
             summary["merged_model"] = _write_merged(model, config, tokenizer, out, total_steps)
         best = best_step(ckpt)  # every process: reading a step through Orbax is a collective on many hosts
@@ -693,6 +707,46 @@ def _model_config_fn(args, saved: dict, init, model_over: dict) -> Callable[[int
         return replace(cfg, dtype=default_precision()) if not saved and "dtype" not in model_over else cfg  # a new run: the device's precision
     return config
 
+_PLANNED = {"model_preset": "--model-preset", "precision": "--precision", "batch_size": "--batch-size",
+            "gradient_accumulation_steps": "--gradient-accumulation-steps", "save_every_minutes": "--save-every-minutes"}
+
+def _planned_vocab(args, init) -> int:
+    "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
+    if init is not None:
+        return init[2]["config"]["model"]["vocab_size"]
+    if args.tokenizer_path and Path(args.tokenizer_path).is_file():
+        return load_tokenizer(args.tokenizer_path).get_vocab_size()
+    if args.auto_vocab_size:
+        return args.max_vocab_size or TokenizerConfig().max_vocab_size  # the largest it may choose
+    return args.vocab_size or TokenizerConfig().vocab_size
+
+def apply_profile(args, saved: dict, init) -> Plan | None:
+    "Fill the flags a new run left unset with its hardware profile's picks (`--profile`); returns the plan, None for `none` or a resumed run."
+    if saved:
+        if args.profile not in (None, "auto"):
+            print(f"note: --profile {args.profile} plans new runs; this resumed run keeps the settings it started with")
+        return None
+    if args.profile == "none":
+        return None
+    vocab = _planned_vocab(args, init)
+    plan = plan_run(args.profile or "auto", vocab)
+    given = tuple(flag for name, flag in _PLANNED.items() if getattr(args, name) is not None) + (("--use-mixed-precision",) if args.use_mixed_precision else ())
+    if init is None and args.model_preset is None and args.target_params is None:
+        args.model_preset = plan.model_preset
+    if args.precision is None and not args.use_mixed_precision:
+        args.precision = {"bfloat16": "bf16", "float32": "fp32"}[plan.precision]
+    model = _resize(_recorded_model({}, init) or _base_model(args, vocab), _model_overrides(args), vocab_size=vocab)  # the model the run builds
+    micro, accum = (plan.batch_size, plan.gradient_accumulation_steps) if plan.profile == "cpu" else choose_batch(model, plan.memory_bytes)
+    if args.batch_size is None:
+        args.batch_size = micro
+        args.gradient_accumulation_steps = args.gradient_accumulation_steps or accum
+    if args.save_every_minutes is None:
+        args.save_every_minutes = plan.save_every_minutes
+    here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(jax.devices()[0].device_kind), "name", None)
+    if not plan.detected and plan.profile != here:
+        print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {jax.devices()[0].device_kind}")
+    return replace(plan, seq_len=model.seq_len, batch_size=micro, gradient_accumulation_steps=accum, overridden=given)
+
 def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."
     distributed = initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.coordinator_timeout)
@@ -700,16 +754,19 @@ def run_train(args) -> dict:
     backup, cloud = copy_destinations(args)
     _continue_existing(args, cloud)
     saved, resume_root = _saved_run(args.resume_from, cloud)
-    data_cfg, tok_cfg, model_over, train_cfg = configs_from_args(args, saved)
+    data_cfg, tok_cfg, model_over, train_cfg = configs_from_args(args, saved)  # the flags are checked before the profile fills in the rest
     init = _init_from(args)
+    plan = apply_profile(args, saved, init)
+    if plan is not None:
+        data_cfg, tok_cfg, model_over, train_cfg = configs_from_args(args, saved)
     if args.mesh is not None:
-        parse_mesh(args.mesh, mesh_devices(args.batch_size))  # a wrong mesh fails now, not after the tokenizer
+        parse_mesh(args.mesh, mesh_devices(train_cfg.batch_size))  # a wrong mesh fails now, not after the tokenizer
     tokenizer_given = args.vocab_size is not None or args.auto_vocab_size  # a reused tokenizer is checked against an asked size only
     trainer = Trainer(_model_config_fn(args, saved, init, model_over), train_cfg, data_cfg, args.output_dir, tok_cfg if tokenizer_given else None, mesh=args.mesh,
                       resume_from=resume_root, init_from=args.init_from, tokenizer_path=args.tokenizer_path,
                       retrain_tokenizer=args.retrain_tokenizer, merge_lora=args.merge_lora, sample_prompt=args.sample_prompt,
                       eval_sample_tokens=args.eval_sample_tokens,
-                      progress=not args.no_progress, overwrite=args.overwrite, backup_dir=backup, cloud=cloud)
+                      progress=not args.no_progress, overwrite=args.overwrite, backup_dir=backup, cloud=cloud, profile=plan)
     return trainer.fit()
 
 # %% ../nbs/09_cli.ipynb #297fe33f
@@ -877,12 +934,6 @@ def _size_parser(sub) -> None:
                    help="also time a few real training steps here and say how long the 20-tokens-per-parameter budget takes (default: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table (default: table)")
 
-def _device_memory() -> int:
-    "Bytes of memory of the first local device (the machine's RAM for a CPU)."
-    import jax
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
 def run_size(args) -> dict:
     "Print (and return) the size report of the model the flags describe."
     _check_size_flags(args)
@@ -890,7 +941,7 @@ def run_size(args) -> dict:
         raise TinyLMError(f"--batch-size must be at least 1, got {args.batch_size}")
     dtype = _precision(args) or default_precision()
     cfg = _resize(_base_model(args, args.vocab_size), _model_overrides(args), dtype=dtype)
-    report = size_report(cfg, args.batch_size, _device_memory())
+    report = size_report(cfg, args.batch_size, device_memory())
     if args.measure:
         report["measured_tokens_per_sec"] = measure_speed(cfg, args.batch_size)
         report["compute_optimal_seconds"] = report["compute_optimal_tokens"] / report["measured_tokens_per_sec"]
@@ -1001,8 +1052,8 @@ def _bench_train_parser(kinds) -> None:
         t.add_argument(f"--no-{flag}", action="store_true", help=f"use {what} (default: off)")
     _precision_flags(t)
     t.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size of the random tokens (default: 4096)")
-    t.add_argument("--batch-size", type=int, default=16, help=_HELP["batch_size"])
-    t.add_argument("--gradient-accumulation-steps", type=int, default=1, help=_HELP["gradient_accumulation_steps"])
+    t.add_argument("--batch-size", type=int, default=16, help="sequences per micro-batch on each device, a CPU counting as one device (default: 16)")
+    t.add_argument("--gradient-accumulation-steps", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
     t.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (default: as tiny-lm train chooses: replicated if the memory estimate fits)")
     t.add_argument("--cpu-devices", type=int, default=None, help=_HELP["cpu_devices"])
     t.add_argument("--steps", type=int, default=300, help="training steps to time, after the first (compiling) interval (default: 300)")
