@@ -1170,9 +1170,14 @@ def _with_examples(parser: argparse.ArgumentParser) -> None:
             for sub in action.choices.values():
                 _with_examples(sub)
 
+class _Parser(argparse.ArgumentParser):
+    "argparse, but a mistake in the flags is one line (the usage of `tiny-lm train` alone is fifty)."
+    def error(self, message: str):
+        self.exit(2, f"error: {message}: `{self.prog} --help` lists every flag\n")
+
 def build_parser() -> argparse.ArgumentParser:
     "The `tiny-lm` command line: every command, its flags grouped as the seeds group them, and examples."
-    parser = argparse.ArgumentParser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX: "
+    parser = _Parser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX: "
                                      "train, sample, evaluate in bits per byte, export to transformers, inspect, size and benchmark.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_train_parser, _generate_parser, _eval_parser, _export_parser, _inspect_parser, _size_parser, _bench_parser):
