@@ -37,7 +37,7 @@ from .model import PRECISIONS, ModelConfig, Transformer, count_params, default_p
 from .parallel import (_path_name, batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh, device_banner, device_info,
                               global_put, initialize_distributed, is_main_process, make_mesh, parse_mesh, sharded_init, sharded_memory_bytes,
                               split_batch, usable_cores, use_cpu_cores)
-from .profiles import PROFILES, Plan, choose_batch, device_memory, match_hardware, plan_run
+from .profiles import PROFILES, Plan, choose_batch, choose_learning_rate, device_memory, match_hardware, plan_run
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
@@ -86,7 +86,7 @@ _HELP = {
                   "(default: the --profile's: 16 on a CPU, 32,768 tokens' worth on a GPU or TPU)",
     "max_skipped_steps": "stop after this many steps in a row with non-finite gradients, whose updates are skipped (default: 5)",
     "gradient_accumulation_steps": "micro-batches per optimizer step (default: the --profile's: 1, more where its batch does not fit the device's memory at once)",
-    "learning_rate": "peak learning rate after warmup (default: 3e-3)", "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
+    "learning_rate": "peak learning rate after warmup (default: the --profile's: 3e-3 on a CPU, scaled as 1 / --d-model from the tiny preset's 3e-3 at width 128 elsewhere)", "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
     "warmup_steps": "linear warmup steps (default: 50)", "grad_clip": "clip gradients to this global norm; 0 disables (default: 1.0)",
     "max_steps": "optimizer steps to train (default: 600)",
     "epochs": "passes over the training data instead of --max-steps (default: none)",
@@ -708,7 +708,8 @@ def _model_config_fn(args, saved: dict, init, model_over: dict) -> Callable[[int
     return config
 
 _PLANNED = {"model_preset": "--model-preset", "precision": "--precision", "batch_size": "--batch-size",
-            "gradient_accumulation_steps": "--gradient-accumulation-steps", "save_every_minutes": "--save-every-minutes"}
+            "gradient_accumulation_steps": "--gradient-accumulation-steps", "learning_rate": "--learning-rate",
+            "save_every_minutes": "--save-every-minutes"}
 
 def _planned_vocab(args, init) -> int:
     "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
@@ -736,16 +737,20 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if args.precision is None and not args.use_mixed_precision:
         args.precision = {"bfloat16": "bf16", "float32": "fp32"}[plan.precision]
     model = _resize(_recorded_model({}, init) or _base_model(args, vocab), _model_overrides(args), vocab_size=vocab)  # the model the run builds
-    micro, accum = (plan.batch_size, plan.gradient_accumulation_steps) if plan.profile == "cpu" else choose_batch(model, plan.memory_bytes)
+    cpu = plan.profile == "cpu"  # the defaults, whatever the model
+    micro, accum = (plan.batch_size, plan.gradient_accumulation_steps) if cpu else choose_batch(model, plan.memory_bytes)
+    learning_rate = plan.learning_rate if cpu else choose_learning_rate(model)
     if args.batch_size is None:
         args.batch_size = micro
         args.gradient_accumulation_steps = args.gradient_accumulation_steps or accum
+    if args.learning_rate is None:
+        args.learning_rate = learning_rate
     if args.save_every_minutes is None:
         args.save_every_minutes = plan.save_every_minutes
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(jax.devices()[0].device_kind), "name", None)
     if not plan.detected and plan.profile != here:
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {jax.devices()[0].device_kind}")
-    return replace(plan, seq_len=model.seq_len, batch_size=micro, gradient_accumulation_steps=accum, overridden=given)
+    return replace(plan, seq_len=model.seq_len, batch_size=micro, gradient_accumulation_steps=accum, learning_rate=learning_rate, overridden=given)
 
 def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."

@@ -19,8 +19,9 @@ from .train import TrainConfig, peak_flops
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP',
-           'SAVE_MINUTES', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware',
-           'compute_optimal_hours', 'choose_preset', 'choose_batch', 'Plan', 'plan_run', 'profile_table']
+           'BASE_LEARNING_RATE', 'BASE_WIDTH', 'SAVE_MINUTES', 'Hardware', 'usable_memory', 'device_memory',
+           'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'choose_batch',
+           'choose_learning_rate', 'Plan', 'plan_run', 'profile_table']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -119,6 +120,13 @@ def choose_batch(cfg: ModelConfig, memory_bytes: int) -> tuple[int, int]:
     return fit
 
 # %% ../nbs/04a_profiles.ipynb #83cf5e75
+BASE_LEARNING_RATE, BASE_WIDTH = 3e-3, 128  # the defaults' rate, right for the tiny preset's width
+
+def choose_learning_rate(cfg: ModelConfig) -> float:
+    "The peak learning rate for `cfg`: the tiny preset's 3e-3, scaled as 1 / d_model."
+    return BASE_LEARNING_RATE * BASE_WIDTH / cfg.d_model
+
+# %% ../nbs/04a_profiles.ipynb #90a73e93
 SAVE_MINUTES = {"cpu": 10.0, "gpu": 5.0, "tpu": 5.0}  # --save-every-minutes: a Colab accelerator may disconnect at any time
 
 @dataclass(frozen=True)
@@ -133,6 +141,7 @@ class Plan:
     seq_len: int
     batch_size: int  # per device, per micro-batch
     gradient_accumulation_steps: int
+    learning_rate: float
     precision: str  # compute dtype
     attention: str  # the kernel attention runs with there
     save_every_minutes: float
@@ -147,7 +156,7 @@ class Plan:
     def train_config(self, **overrides) -> TrainConfig:
         "The planned training settings, with `overrides` (any TrainConfig field) on top."
         return TrainConfig(**{"batch_size": self.batch_size, "gradient_accumulation_steps": self.gradient_accumulation_steps,
-                              "save_every_minutes": self.save_every_minutes, **overrides})
+                              "learning_rate": self.learning_rate, "save_every_minutes": self.save_every_minutes, **overrides})
 
     def describe(self) -> str:
         "One line for the banner."
@@ -155,7 +164,7 @@ class Plan:
         model = f"{self.model_preset} preset" if self.model_preset else "the given model"
         accum = f" × {self.gradient_accumulation_steps} accumulation" if self.gradient_accumulation_steps > 1 else ""
         return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): {model}, {self.seq_len} tokens, "
-                f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, {'bf16' if self.precision == 'bfloat16' else 'fp32'}, "
+                f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, learning rate {self.learning_rate:.2g}, {'bf16' if self.precision == 'bfloat16' else 'fp32'}, "
                 f"{self.attention} attention, a save every {self.save_every_minutes:g} min"
                 + (f" (overridden by {', '.join(self.overridden)})" if self.overridden else ""))
 
@@ -163,11 +172,11 @@ def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig 
     "The CPU profile: the defaults, a few minutes of training on a laptop."
     cfg, train = model or preset_config("tiny", 4096), TrainConfig()
     return Plan("cpu", "cpu", detected, num_devices, memory, None if model else "tiny", cfg.seq_len, train.batch_size,
-                train.gradient_accumulation_steps, "float32" if model is None else cfg.dtype, "xla", train.save_every_minutes,
+                train.gradient_accumulation_steps, train.learning_rate, "float32" if model is None else cfg.dtype, "xla", train.save_every_minutes,
                 train_memory_bytes(cfg, train.batch_size)["total"], None)
 
 def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None, num_devices: int | None = None) -> Plan | None:
-    "The plan of `profile` (auto: this machine's device) for a vocabulary of `vocab_size`; `model` fixes the model (only the batch is planned). None for `none`."
+    "The plan of `profile` (auto: this machine's device) for a vocabulary of `vocab_size`; `model` fixes the model (only its batch and learning rate are planned). None for `none`."
     if profile not in PROFILES:
         raise TinyLMError(f"--profile {profile} is not known: choose one of {', '.join(PROFILES)}")
     if profile == "none":
@@ -183,7 +192,7 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
     micro, accum = choose_batch(cfg, memory)
     kernel = attention_implementation(cfg, device=jax.local_devices()[0] if detected else hw.device(), n_devices=num_devices)
     peak = _peak(hw, cfg.dtype)
-    return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum, cfg.dtype, kernel,
+    return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum, choose_learning_rate(cfg), cfg.dtype, kernel,
                 SAVE_MINUTES[hw.platform], train_memory_bytes(cfg, micro)["total"],
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None)
 
@@ -195,7 +204,7 @@ def profile_table(vocab_size: int = 4096) -> list[dict]:
         p = plan_run(name, vocab_size)
         cfg = p.model_config(vocab_size)
         rows.append({"profile": name, "preset": p.model_preset, "params": param_count(cfg), "seq_len": p.seq_len,
-                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "precision": "bf16" if p.precision == "bfloat16" else "fp32",
+                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "learning rate": f"{p.learning_rate:.2g}", "precision": "bf16" if p.precision == "bfloat16" else "fp32",
                      "attention": p.attention, "memory": f"{p.train_memory_bytes / 2**30:.1f}" + (" GiB" if name == "cpu" else f" / {p.memory_bytes / 2**30:.1f} GiB"),
                      "hours": None if p.compute_optimal_hours is None else round(p.compute_optimal_hours, 2),
                      "save every": f"{p.save_every_minutes:g} min"})
