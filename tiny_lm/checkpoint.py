@@ -101,15 +101,22 @@ class Checkpointer:
         self.manager.close()
 
 # %% ../nbs/06_checkpoint.ipynb #ec6364d7
-_REASONS = {"No space left on device": "the disk is full (no space left on device)", "File too large": "a file size limit was reached (file too large)",
-            "Permission denied": "permission denied", "Read-only file system": "the file system is read-only"}
+_REASONS = {  # what the OS said: (the reason in words, the fix)
+    "No space left on device": ("the disk is full (no space left on device)", "free some space (or pass another --output-dir)"),
+    "File too large": ("a file size limit was reached (file too large)", "raise the limit (ulimit -f) or pass another --output-dir"),
+    "Permission denied": ("permission denied", "make the folder writable (or pass another --output-dir)"),
+    "Read-only file system": ("the file system is read-only", "pass an --output-dir on a writable disk"),
+    "the disk is full": (None, "free some space (or pass another --output-dir)"),  # our own check before saving: its words are the reason
+}
 
 def _write_error(directory: Path, step: int | None, error) -> TinyLMError:
     "The one-line error for a checkpoint that could not be written: step, folder, reason, and what is safe."
     text = str(error)
-    reason = next((r for k, r in _REASONS.items() if k in text), (text.splitlines() or [type(error).__name__])[0][:200])
+    said = (text.splitlines() or [type(error).__name__])[0][:200]
+    reason, fix = next((r for k, r in _REASONS.items() if k in text), (None, "fix that (or pass another --output-dir)"))
+    reason = reason or said
     return TinyLMError(f"cannot write the checkpoint of step {step} in {directory}: {reason}. The earlier checkpoints are intact: "
-                       "free some space (or pass another --output-dir) and run the same command again to continue")
+                       f"{fix} and run the same command again to continue")
 
 # %% ../nbs/06_checkpoint.ipynb #d929f603
 class DataStateHandler(ocp.CheckpointHandler):
@@ -118,12 +125,14 @@ class DataStateHandler(ocp.CheckpointHandler):
         return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.npz"
 
     def save(self, directory, args: DataStateSave):
+        "Write this process's state into the step's `data` item: the arrays as arrays, the rest as one JSON string."
         arrays = {k: v for k, v in args.state.items() if isinstance(v, np.ndarray)}
         rest = json.dumps({k: v for k, v in args.state.items() if not isinstance(v, np.ndarray)})
         with self._file(directory).open("wb") as f:
             np.savez(f, _json=np.frombuffer(rest.encode(), np.uint8), **arrays)
 
     def restore(self, directory, args: DataStateRestore | None = None) -> dict:
+        "Read this process's state back, as the dict `save` was given."
         path = self._file(directory)
         if not path.exists():
             raise TinyLMError(f"{directory} holds no data state for process {jax.process_index()} of {jax.process_count()}: resume with as many processes as saved it")

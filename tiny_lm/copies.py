@@ -59,10 +59,12 @@ class Destination:
 
     @property
     def local(self) -> bool:
+        "Whether this is a folder on a mounted file system rather than a bucket URL."
         return "://" not in self.url
 
     @property
     def scheme(self) -> str:
+        "The fsspec protocol: 'file' for a folder, else the URL's scheme ('s3', 'gs', 'az', 'memory'...)."
         return "file" if self.local else self.url.split("://", 1)[0]
 
     def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:

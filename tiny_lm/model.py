@@ -48,11 +48,11 @@ class ModelConfig:
     lora_alpha: float | None = None  # adapters are scaled by alpha / r (None: alpha = r, a scale of 1)
 
     def __post_init__(self):
-        if self.d_model % self.n_head:
-            raise TinyLMError(f"--d-model {self.d_model} is not divisible by --num-heads {self.n_head}: pick a width that is a multiple of the head count")
         for name in ("vocab_size", "seq_len", "d_model", "n_layer", "n_head"):
             if getattr(self, name) < 1:
                 raise TinyLMError(f"model {name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_head:
+            raise TinyLMError(f"--d-model {self.d_model} is not divisible by --num-heads {self.n_head}: pick a width that is a multiple of the head count")
         if self.activation not in _ACTIVATIONS:
             raise TinyLMError(f"--activation {self.activation!r} is unknown: choose one of {', '.join(_ACTIVATIONS)}")
         if self.attention not in ATTENTION_KERNELS:
@@ -60,7 +60,7 @@ class ModelConfig:
         if not 0 <= self.dropout_rate < 1:
             raise TinyLMError(f"--dropout-rate must be in [0, 1), got {self.dropout_rate}: 0 disables dropout, 0.1 is usual for small data")
         if not 0 <= self.lora_rank <= self.d_model:
-            raise TinyLMError(f"--lora-rank must be between 1 and the model width {self.d_model}, got {self.lora_rank}: 8 or 16 is usual")
+            raise TinyLMError(f"--lora-rank must be between 1 and the model width {self.d_model} (0: no adapters), got {self.lora_rank}: 8 or 16 is usual")
         if self.lora_alpha is not None and self.lora_alpha <= 0:
             raise TinyLMError(f"--lora-alpha must be positive, got {self.lora_alpha}")
         for name in ("dtype", "param_dtype"):
@@ -105,6 +105,7 @@ def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     kw = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype], rngs=rngs)
     return nnx.RMSNorm(cfg.d_model, **kw) if cfg.use_rmsnorm else nnx.LayerNorm(cfg.d_model, **kw)
 
+# %% ../nbs/01_model.ipynb #056cee0e
 class Linear(nnx.Linear):
     "A bias-free `nnx.Linear`, plus an optional LoRA adapter (`cfg.lora_rank > 0`): `y = x·W + (α/r)·x·A·B`."
     def __init__(self, d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None):
@@ -173,6 +174,7 @@ def describe_attention(cfg: ModelConfig) -> str:
         why = f"{cfg.attention} does not qualify here, fell back"
     return f"attention: {_KERNEL_NAMES[kernel]} ({why})"
 
+# %% ../nbs/01_model.ipynb #cd388b77
 def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, interpret: bool | None = None) -> jax.Array:
     "Causal attention with the Pallas TPU splash kernel (interpreted off a TPU); T must be a multiple of 128."
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
@@ -190,6 +192,7 @@ def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, in
     y_BGJTK = jax.vmap(jax.vmap(kernel))(q_BGJTK, k_BGTK, v_BGTK)
     return y_BGJTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
+# %% ../nbs/01_model.ipynb #ad7513db
 def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, kernel: str = "xla") -> jax.Array:
     "Causal (grouped-query) attention with `kernel`: 'xla', 'cudnn' or 'splash'."
     if kernel == "splash":
@@ -316,5 +319,5 @@ def merge_lora(model: Transformer) -> Transformer:
     for path, m in nnx.iter_modules(merged):
         if path in adapted:
             a = adapted[path]
-            m.kernel.value = a.kernel.value + a.lora_scale * (a.lora.lora_a.value @ a.lora.lora_b.value).astype(a.kernel.value.dtype)
+            m.kernel[...] = a.kernel[...] + a.lora_scale * (a.lora.lora_a[...] @ a.lora.lora_b[...]).astype(a.kernel.dtype)
     return merged

@@ -129,6 +129,7 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     "A short hash that changes whenever the vocabulary or merges change."
     return hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()[:16]
 
+# %% ../nbs/00_tokenizer.ipynb #1de71f0f
 def load_tokenizer(path: str | Path) -> Tokenizer:
     "Load a `tokenizer.json` (ours or any Hugging Face one), with a clear error when it is missing or not a tokenizer."
     path = Path(path)
