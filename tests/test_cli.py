@@ -152,6 +152,7 @@ BAD_INPUT = {
     "skipped steps": (["--max-skipped-steps", "0"], "--max-skipped-steps must be at least 1"),
     "cpu devices": (["--cpu-devices", "0"], "--cpu-devices must be at least 1"),
     "unknown profile": (["--profile", "a100"], "invalid choice: 'a100'"),
+    "negative sample length": (["--sample-tokens", "-1"], "--sample-tokens must be 0 (no samples) or more"),
 }
 
 def make_bad_files(tmp_path) -> dict:

@@ -126,6 +126,7 @@ def _train_parser(sub) -> None:
     o.add_argument("--resume-from", default=None, help="a run folder to continue from its newest readable checkpoint, or one of its checkpoint_step_N folders (default: none; an --output-dir that holds a run is continued)")
     o.add_argument("--overwrite", action="store_true", help="start a new run in an --output-dir that holds one, replacing its checkpoints (default: off, continue that run)")
     o.add_argument("--sample-prompt", default="", help="prompt of the samples printed at the end and at each evaluation (default: empty, a new document)")
+    o.add_argument("--sample-tokens", type=int, default=100, help="length of the sample printed at the end of training; 0 prints none (default: 100)")
     o.add_argument("--eval-sample-tokens", type=int, default=0, help="print a sample of this many tokens at each evaluation, to watch the model learn (default: 0, none; 32 in a notebook's Trainer)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar, for logs (default: off, show it)")
     f = p.add_argument_group("fine-tuning")
@@ -506,6 +507,7 @@ class Trainer:
         retrain_tokenizer: bool = False,
         merge_lora: bool = False,  # a LoRA run also writes output_dir/merged
         sample_prompt: str | None = "",  # prompt of the sample printed at the end (None: no sample)
+        sample_tokens: int = 100,  # length of that sample (0: no sample)
         eval_sample_tokens: int | None = None,  # a sample of this many tokens at each evaluation (None: 32 in a notebook, else 0)
         progress: bool = True,
         overwrite: bool = False,  # an output_dir that holds a run: start afresh (True) or continue it (False)
@@ -529,8 +531,10 @@ class Trainer:
         self.init_from, self.tokenizer_path = init_from, Path(tokenizer_path) if tokenizer_path else None
         self.retrain_tokenizer, self.merge_lora, self.sample_prompt = retrain_tokenizer, merge_lora, sample_prompt
         self.eval_sample_tokens = (32 if in_notebook() else 0) if eval_sample_tokens is None else eval_sample_tokens
-        if self.eval_sample_tokens < 0:
-            raise TinyLMError(f"--eval-sample-tokens must be 0 (no samples) or more, got {self.eval_sample_tokens}")
+        self.sample_tokens = sample_tokens
+        for flag, n in [("--sample-tokens", sample_tokens), ("--eval-sample-tokens", self.eval_sample_tokens)]:
+            if n < 0:
+                raise TinyLMError(f"{flag} must be 0 (no samples) or more, got {n}")
         self.say = print if is_main_process() else (lambda *a, **k: None)
 
     def _eval_sampler(self, tokenizer) -> Callable | None:
@@ -672,8 +676,8 @@ class Trainer:
         budget, rate = summary["compute_optimal_tokens"], summary["avg_tokens_per_sec"]
         say(f"token budget: about {budget:,} tokens (20 per parameter) would train this model compute-optimally, "
             f"{_duration(budget / rate) if rate else 'unknown time'} at {rate:,.0f} tokens/s; this run trained on {summary['total_tokens']:,}")
-        if self.sample_prompt is not None:
-            sample = generate(model, tokenizer, self.sample_prompt, max_new_tokens=100, temperature=0.8, top_k=50)
+        if self.sample_prompt is not None and self.sample_tokens:
+            sample = generate(model, tokenizer, self.sample_prompt, max_new_tokens=self.sample_tokens, temperature=0.8, top_k=50)
             say("--- sample ---\n" + sample)
         self.model, self.optimizer, self.tokenizer, self.summary = model, optimizer, tokenizer, summary
         return summary
@@ -769,7 +773,7 @@ def run_train(args) -> dict:
     tokenizer_given = args.vocab_size is not None or args.auto_vocab_size  # a reused tokenizer is checked against an asked size only
     trainer = Trainer(_model_config_fn(args, saved, init, model_over), train_cfg, data_cfg, args.output_dir, tok_cfg if tokenizer_given else None, mesh=args.mesh,
                       resume_from=resume_root, init_from=args.init_from, tokenizer_path=args.tokenizer_path,
-                      retrain_tokenizer=args.retrain_tokenizer, merge_lora=args.merge_lora, sample_prompt=args.sample_prompt,
+                      retrain_tokenizer=args.retrain_tokenizer, merge_lora=args.merge_lora, sample_prompt=args.sample_prompt, sample_tokens=args.sample_tokens,
                       eval_sample_tokens=args.eval_sample_tokens,
                       progress=not args.no_progress, overwrite=args.overwrite, backup_dir=backup, cloud=cloud, profile=plan)
     return trainer.fit()

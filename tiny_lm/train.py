@@ -276,8 +276,8 @@ class TrainLog:
     @property
     def tokens_per_sec(self) -> float:
         "Steady-state throughput: from the first log step (compilation done) to the last, evaluation excluded."
-        if not self._steady():
-            return self.tokens / self.seconds if self.seconds else 0.0
+        if not self._steady():  # one log step: its own rate, which leaves out compilation like the others
+            return self.history[0]["tokens_per_sec"] if self.history else 0.0
         first, last = self._steady()
         return self.tokens_per_step * (last["step"] - first["step"]) / (last["clock"] - first["clock"])
 
@@ -290,7 +290,7 @@ class TrainLog:
     def outside_step_fraction(self) -> float:
         "Share of the steady state's wall time spent on the host outside the compiled step."
         if not self._steady():
-            return 0.0
+            return self.history[0]["outside_step_fraction"] if self.history else 0.0
         first, last = self._steady()
         return (last["outside"] - first["outside"]) / (last["clock"] - first["clock"])
 
