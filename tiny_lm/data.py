@@ -14,11 +14,13 @@ import os
 import queue
 import re
 import signal
+import socket
 import struct
 import sys
 import sysconfig
 import threading
 import time
+import urllib.parse
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -359,15 +361,31 @@ def _open_builtin(cfg: DataConfig):
     fingerprint = {"python": sys.version.split()[0], "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
     return {"train": train, "validation": val}, EOT, fingerprint, fingerprint["bytes"]
 
+def _hub_answers(timeout: float = 5.0) -> bool:
+    "Whether the hub's host takes a connection within `timeout` seconds (through a proxy: assumed), so that no network fails fast."
+    from huggingface_hub import constants
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # offline mode fails on its own, at once; a proxy reaches what we cannot
+    url = urllib.parse.urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
 def _open_hub(cfg: DataConfig):
     from datasets import load_dataset
     from datasets.exceptions import DatasetNotFoundError
+    unreachable = TinyLMError(f"cannot reach the Hugging Face hub to load {cfg.dataset_id!r} (no network?): connect to the internet, "
+                              f"or pass a local file or folder, or --dataset-id {BUILTIN_CORPUS}")
+    if not _hub_answers():  # without this, datasets retries for half a minute
+        raise unreachable
     try:
         splits = load_dataset(cfg.dataset_id, cfg.dataset_config, streaming=True)
     except DatasetNotFoundError:
         raise TinyLMError(f"no dataset {cfg.dataset_id!r} on the Hugging Face hub (or it is private): check the id, or pass a local file or {BUILTIN_CORPUS}") from None
     except ConnectionError:
-        raise TinyLMError(f"cannot reach the Hugging Face hub to load {cfg.dataset_id!r} (no network?): connect to the internet, or pass a local file or folder, or --dataset-id {BUILTIN_CORPUS}") from None
+        raise unreachable from None
     except ValueError as e:  # e.g. a missing or unknown configuration name
         raise TinyLMError(f"cannot load {cfg.dataset_id!r}: {str(e).splitlines()[0]} (set --dataset-config)") from None
     if cfg.split not in splits:
