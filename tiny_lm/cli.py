@@ -617,7 +617,7 @@ class Trainer:
         ckpt = Checkpointer(out, meta={"config": config, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}, keep=train_cfg.keep_checkpoints)
         if is_main_process():  # copies of each committed step, made in the background
             shutil.rmtree(out / ".copies", ignore_errors=True)  # snapshots a killed run left behind
-            ckpt.copies = [Mirror(out, dest, run_id, say=say) for dest in self.copies]
+            ckpt.copies = [Mirror(out, dest, run_id, say=say, keep=train_cfg.keep_checkpoints) for dest in self.copies]
             if start and (out / f"{STEP_PREFIX}_{start}").is_dir():
                 for mirror in ckpt.copies:  # a copy cut short by the crash is made again (a complete one is left as it is)
                     mirror.submit(f"{STEP_PREFIX}_{start}")

@@ -195,8 +195,9 @@ def manifest(folder: Path) -> dict:
 
 class Mirror:
     "Copies of a run folder's committed checkpoints and JSON files at `dest`, made in the background with the run's retention."
-    def __init__(self, run_dir: str | Path, dest: Destination, run_id: str, say=print, delays=RETRY_DELAYS, wait_for_commit: float = 3600):
-        self.run_dir, self.dest, self.run_id, self.say, self.delays = Path(run_dir), dest, run_id, say, tuple(delays)
+    def __init__(self, run_dir: str | Path, dest: Destination, run_id: str, say=print, delays=RETRY_DELAYS, wait_for_commit: float = 3600,
+                 keep: int | None = None):  # keep: the run's --keep-checkpoints, also kept among the copies (None: only what the run folder holds)
+        self.run_dir, self.dest, self.run_id, self.say, self.delays, self.keep = Path(run_dir), dest, run_id, say, tuple(delays), keep
         self.fs, self.root = dest.filesystem()
         self.stage = self.run_dir / ".copies" / uuid.uuid4().hex[:8]  # hard-linked snapshots waiting to be copied
         self.jobs: queue.Queue = queue.Queue()
@@ -317,11 +318,12 @@ class Mirror:
                 self.fs.pipe_file(f"{self.root}/{name}", data)
 
     def _prune(self, just_copied: str | None) -> None:
-        "Delete copied steps the run folder no longer holds (Orbax pruned them), never the one just copied."
-        keep = {p.name for p in self.run_dir.glob(f"{STEP_PREFIX}_*") if p.is_dir() and _step_of(p.name) is not None} | {just_copied}
-        for path in self.fs.ls(self.root, detail=False):
-            name = path.rstrip("/").rsplit("/", 1)[-1]
-            if _step_of(name) is not None and name not in keep:
+        "Delete copied steps the run folder no longer holds (Orbax pruned them), except the one just copied and the newest `keep` copies."
+        held = {p.name for p in self.run_dir.glob(f"{STEP_PREFIX}_*") if p.is_dir() and _step_of(p.name) is not None} | {just_copied}
+        copies = sorted((n for n in (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)) if _step_of(n) is not None), key=_step_of)
+        held |= set(copies[-self.keep:]) if self.keep else set()  # a run resumed into an empty folder holds few steps: keep the copy's older ones
+        for name in copies:
+            if name not in held:
                 self._remove(f"{self.root}/{name}")
 
     def close(self, timeout: float | None = None) -> dict:
