@@ -37,7 +37,7 @@ from .model import PRECISIONS, ModelConfig, Transformer, count_params, default_p
 from .parallel import (_path_name, batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh, device_banner, device_info,
                               global_put, initialize_distributed, is_main_process, make_mesh, parse_mesh, sharded_init, sharded_memory_bytes,
                               split_batch, usable_cores, use_cpu_cores)
-from .profiles import PROFILES, Plan, choose_batch, choose_learning_rate, device_memory, match_hardware, plan_run
+from .profiles import PROFILES, Plan, device_memory, match_hardware, plan_run
 from .sizing import PRESET_LABELS, PRESETS, TOKENS_PER_PARAM, param_count, preset_config, size_report, target_config
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer, load_tokenizer,
                                tokenizer_fingerprint, train_tokenizer)
@@ -739,22 +739,20 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if init is None and args.model_preset is None and args.target_params is None:
         args.model_preset = plan.model_preset
     if args.precision is None and not args.use_mixed_precision:
-        args.precision = {"bfloat16": "bf16", "float32": "fp32"}[plan.precision]
+        args.precision = plan.precision_flag
     model = _resize(_recorded_model({}, init) or _base_model(args, vocab), _model_overrides(args), vocab_size=vocab)  # the model the run builds
-    cpu = plan.profile == "cpu"  # the defaults, whatever the model
-    micro, accum = (plan.batch_size, plan.gradient_accumulation_steps) if cpu else choose_batch(model, plan.memory_bytes)
-    learning_rate = plan.learning_rate if cpu else choose_learning_rate(model)
+    fitted = plan_run(args.profile or "auto", vocab, model=model)  # its batch and learning rate (on a CPU: the defaults, whatever the model)
     if args.batch_size is None:
-        args.batch_size = micro
-        args.gradient_accumulation_steps = args.gradient_accumulation_steps or accum
+        args.batch_size = fitted.batch_size
+        args.gradient_accumulation_steps = args.gradient_accumulation_steps or fitted.gradient_accumulation_steps
     if args.learning_rate is None:
-        args.learning_rate = learning_rate
+        args.learning_rate = fitted.learning_rate
     if args.save_every_minutes is None:
         args.save_every_minutes = plan.save_every_minutes
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(jax.devices()[0].device_kind), "name", None)
     if not plan.detected and plan.profile != here:
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {jax.devices()[0].device_kind}")
-    return replace(plan, seq_len=model.seq_len, batch_size=micro, gradient_accumulation_steps=accum, learning_rate=learning_rate, overridden=given)
+    return replace(fitted, model_preset=plan.model_preset, overridden=given)
 
 def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import jax
 
-from .model import ModelConfig, attention_implementation
+from .model import PRECISIONS, ModelConfig, attention_implementation
 from .sizing import PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, preset_config, train_memory_bytes
 from .tokenizer import TinyLMError
 from .train import TrainConfig, peak_flops
@@ -61,10 +61,13 @@ def usable_memory(hw: Hardware) -> int:
     "Bytes one device of `hw` gives a JAX program (a GPU: the allocator's share)."
     return int(hw.memory_gib * 2**30 * (_gpu_share() if hw.platform == "gpu" else 1.0))
 
+def _ram() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
 def device_memory(device=None) -> int:
     "Bytes of memory JAX can use on `device` (default: the first local one; a CPU's is the machine's RAM)."
     stats = (device or jax.local_devices()[0]).memory_stats() or {}
-    return stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return stats.get("bytes_limit") or _ram()
 
 # %% ../nbs/04a_profiles.ipynb #8f9472c5
 def match_hardware(kind: str) -> Hardware | None:
@@ -149,6 +152,11 @@ class Plan:
     compute_optimal_hours: float | None  # of the model, at ASSUMED_MFU (None where the peak is not known)
     overridden: tuple[str, ...] = ()  # the flags given, which win over the plan
 
+    @property
+    def precision_flag(self) -> str:
+        "The precision as --precision names it: bf16 or fp32."
+        return {v: k for k, v in PRECISIONS.items()}[self.precision]
+
     def model_config(self, vocab_size: int) -> ModelConfig:
         "The planned model for a tokenizer of `vocab_size` tokens."
         return replace(preset_config(self.model_preset or "tiny", vocab_size), dtype=self.precision)
@@ -164,7 +172,7 @@ class Plan:
         model = f"{self.model_preset} preset" if self.model_preset else "the given model"
         accum = f" × {self.gradient_accumulation_steps} accumulation" if self.gradient_accumulation_steps > 1 else ""
         return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): {model}, {self.seq_len} tokens, "
-                f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, learning rate {self.learning_rate:.2g}, {'bf16' if self.precision == 'bfloat16' else 'fp32'}, "
+                f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, learning rate {self.learning_rate:.2g}, {self.precision_flag}, "
                 f"{self.attention} attention, a save every {self.save_every_minutes:g} min"
                 + (f" (overridden by {', '.join(self.overridden)})" if self.overridden else ""))
 
@@ -185,7 +193,7 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
     hw = detect_hardware() if detected else HARDWARE.get(profile)
     num_devices = num_devices or (jax.device_count() if detected else 1)
     if hw is None:  # a CPU: detected here, or named with --profile cpu
-        return _cpu_plan(num_devices, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), detected, model)
+        return _cpu_plan(num_devices, _ram(), detected, model)
     memory = device_memory() if detected else usable_memory(hw)
     preset = choose_preset(hw, vocab_size, num_devices, memory) if model is None else None
     cfg = model or replace(preset_config(preset, vocab_size), dtype=_precision(hw))
@@ -204,7 +212,7 @@ def profile_table(vocab_size: int = 4096) -> list[dict]:
         p = plan_run(name, vocab_size)
         cfg = p.model_config(vocab_size)
         rows.append({"profile": name, "preset": p.model_preset, "params": param_count(cfg), "seq_len": p.seq_len,
-                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "learning rate": f"{p.learning_rate:.2g}", "precision": "bf16" if p.precision == "bfloat16" else "fp32",
+                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "learning rate": f"{p.learning_rate:.2g}", "precision": p.precision_flag,
                      "attention": p.attention, "memory": f"{p.train_memory_bytes / 2**30:.1f}" + (" GiB" if name == "cpu" else f" / {p.memory_bytes / 2**30:.1f} GiB"),
                      "hours": None if p.compute_optimal_hours is None else round(p.compute_optimal_hours, 2),
                      "save every": f"{p.save_every_minutes:g} min"})
