@@ -15,9 +15,9 @@ from flax import nnx
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['ATTENTION_KERNELS', 'PRECISIONS', 'ModelConfig', 'Linear', 'rope_angles', 'apply_rope', 'attention_implementation',
-           'describe_attention', 'splash_attention', 'causal_attention', 'Attention', 'MLP', 'Block', 'Transformer',
-           'count_params', 'default_precision', 'add_lora', 'merge_lora']
+__all__ = ['ATTENTION_KERNELS', 'PRECISIONS', 'ModelConfig', 'cpu_matmul', 'Linear', 'rope_angles', 'apply_rope',
+           'attention_implementation', 'describe_attention', 'splash_attention', 'causal_attention', 'Attention', 'MLP',
+           'Block', 'Transformer', 'count_params', 'default_precision', 'add_lora', 'merge_lora']
 
 # %% ../nbs/01_model.ipynb #33328025
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -106,6 +106,24 @@ def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     return nnx.RMSNorm(cfg.d_model, **kw) if cfg.use_rmsnorm else nnx.LayerNorm(cfg.d_model, **kw)
 
 # %% ../nbs/01_model.ipynb #056cee0e
+@jax.custom_vjp
+def cpu_matmul(x_MI: jax.Array, w_IO: jax.Array) -> jax.Array:
+    "`x·W`, whose gradient computes a narrowing weight's `xᵀ·dy` as `(dyᵀ·x)ᵀ`, the orientation XLA's CPU matmul runs fastest."
+    return x_MI @ w_IO
+
+def _cpu_matmul_fwd(x_MI, w_IO):
+    return x_MI @ w_IO, (x_MI, w_IO)
+
+def _cpu_matmul_bwd(residuals, dy_MO):
+    x_MI, w_IO = residuals
+    if w_IO.shape[1] < w_IO.shape[0]:  # O < I: the barrier stops XLA folding the transpose back into the matmul
+        dw_IO = jax.lax.optimization_barrier(dy_MO.T @ x_MI).T
+    else:
+        dw_IO = x_MI.T @ dy_MO
+    return dy_MO @ w_IO.T, dw_IO
+
+cpu_matmul.defvjp(_cpu_matmul_fwd, _cpu_matmul_bwd)
+
 class Linear(nnx.Linear):
     "A bias-free `nnx.Linear`, plus an optional LoRA adapter (`cfg.lora_rank > 0`): `y = x·W + (α/r)·x·A·B`."
     def __init__(self, d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None):
@@ -116,7 +134,10 @@ class Linear(nnx.Linear):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x_MI = x.reshape(-1, x.shape[-1])  # M: the leading axes as one (B·T), see above
-        y_MO = super().__call__(x_MI)
+        if jax.default_backend() == "cpu":
+            y_MO = cpu_matmul(x_MI.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        else:
+            y_MO = super().__call__(x_MI)
         if self.lora is not None:
             y_MO = y_MO + self.lora_scale * self.lora(x_MI)
         return y_MO.reshape(*x.shape[:-1], y_MO.shape[-1])
