@@ -428,9 +428,9 @@ def test_every_flag_says_what_it_does_and_its_default(monkeypatch):
     assert checked > 60 and not missing, (checked, missing)
 
 
-def test_bench_train_prints_one_json_object():
+def test_bench_train_prints_one_json_object(tmp_path):
     r = tiny_lm("bench", "train", "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--seq-len", "32", "--vocab-size", "257",
-                "--batch-size", "2", "--steps", "20", "--json")
+                "--batch-size", "2", "--steps", "20", "--json", "--trace", str(tmp_path / "trace"))
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, r.stdout
@@ -441,8 +441,18 @@ def test_bench_train_prints_one_json_object():
     assert result["tokens_per_step"] == 2 * 2 * 32  # per device × the 2 devices × seq_len
     assert abs(result["step_time_ms"] - 1e3 * result["tokens_per_step"] / result["tokens_per_sec"]) < 1e-6
     assert result["device"]["num_devices"] == 2 and result["config"]["d_model"] == 32
+    # --trace: the profiler's Perfetto file, and the compiled step's time by kind of op, per device and step
+    trace = result["trace"]
+    assert list((tmp_path / "trace").glob("plugins/profile/*/perfetto_trace.json.gz"))
+    assert trace["step_ms"] > 0 and abs(sum(trace["by_kind"].values()) - 1) < 1e-6
+    assert trace["by_kind"]["matmul"] > 0.05 and trace["by_kind"]["collective"] > 0  # the 2 CPU devices all-reduce their gradients
+    assert "matmul" in {o["kind"] for o in trace["top_ops"]}
+    assert all(o["ms"] > 0 and 0 < o["share"] <= 1 for o in trace["top_ops"]) and len(trace["top_ops"]) == 10
     bad = tiny_lm("bench", "train", "--steps", "0")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "at least 1" in bad.stderr
+    (tmp_path / "file").write_text("x")
+    bad = tiny_lm("bench", "train", "--trace", str(tmp_path / "file"))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "give a folder" in bad.stderr
 
 
 def test_metrics_and_loss_plot(trained):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gzip
 import json
 import math
 import os
@@ -47,7 +48,7 @@ from .train import Interrupted, TrainConfig, fit, in_notebook, init_model, make_
 __all__ = ['SAMPLE_TOKENS', 'EXPORT_FORMATS', 'EXAMPLES', 'configs_from_args', 'committed_steps', 'check_backup_dir',
            'copy_destinations', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'apply_profile', 'run_train',
            'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size', 'measure_speed', 'run_bench_data',
-           'run_bench_train', 'run_bench_generate', 'build_parser', 'main']
+           'op_kind', 'op_times', 'run_bench_train', 'run_bench_generate', 'build_parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -1064,12 +1065,49 @@ def _bench_train_parser(kinds) -> None:
     t.add_argument("--mesh", default=None, help="device mesh as data=N,fsdp=M (default: as tiny-lm train chooses: replicated if the memory estimate fits)")
     t.add_argument("--cpu-devices", type=int, default=None, help=_HELP["cpu_devices"])
     t.add_argument("--steps", type=int, default=300, help="training steps to time, after the first (compiling) interval (default: 300)")
+    t.add_argument("--trace", default=None, metavar="DIR", help="also record a JAX profiler trace of 10 more steps into DIR (open it in "
+                   "Perfetto or TensorBoard) and print the compiled ops that took the most time (default: no trace)")
     t.add_argument("--json", action="store_true", help="print one JSON object instead of lines of text (default: text)")
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+def op_kind(op: str) -> str:
+    "The kind of a compiled op by its HLO name: 'matmul', 'collective' or 'other' (fusions, copies, reductions...)."
+    name = op.lower()
+    if name.startswith(("dot", "convolution", "cublas", "gemm", "custom-call")) or "gemm" in name:
+        return "matmul"
+    return "collective" if name.startswith(_COLLECTIVES) else "other"
+
+def op_times(trace_dir: str | Path, module: str = "train_step", top: int = 10) -> dict:
+    "Where a compiled step's time goes, from a `jax.profiler` trace with a Perfetto file: per device and step, by kind and by op."
+    files = sorted(Path(trace_dir).glob("plugins/profile/*/perfetto_trace.json.gz"))
+    if not files:
+        raise TinyLMError(f"no Perfetto trace under {trace_dir}: record one with jax.profiler.trace(dir, create_perfetto_trace=True)")
+    events = json.loads(gzip.decompress(files[-1].read_bytes()))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    total, runs, devices = {}, set(), set()
+    for e in events:
+        a = e.get("args") or {}
+        if e.get("ph") == "X" and "hlo_op" in a and module in a.get("hlo_module", ""):
+            total[a["hlo_op"]] = total.get(a["hlo_op"], 0.0) + e["dur"] / 1e3
+            runs.add(a.get("run_id")); devices.add(a.get("device_ordinal"))
+    if not total:
+        return {"step_ms": None, "by_kind": {}, "top_ops": []}
+    per = len(runs) * len(devices)  # ms per device and step
+    step_ms = sum(total.values()) / per
+    by_kind = {}
+    for op, ms in total.items():
+        by_kind[op_kind(op)] = by_kind.get(op_kind(op), 0.0) + ms / per / step_ms
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    return {"step_ms": step_ms, "by_kind": by_kind,
+            "top_ops": [{"op": op, "kind": op_kind(op), "ms": ms / per, "share": ms / per / step_ms} for op, ms in ranked]}
 
 def run_bench_train(args) -> dict:
     "Time training steps of the flags' model on random tokens; print the rates (one JSON object with --json) and return them."
     if min(args.batch_size, args.gradient_accumulation_steps, args.steps, args.vocab_size) < 1:
         raise TinyLMError("--batch-size, --gradient-accumulation-steps, --steps and --vocab-size must be at least 1")
+    if args.trace and Path(args.trace).exists() and not Path(args.trace).is_dir():
+        raise TinyLMError(f"--trace {args.trace} is a file: give a folder for the profiler trace (it is created if missing)")
     split_cpu(args.cpu_devices)
     _check_size_flags(args)
     dtype = _precision(args) or default_precision()
@@ -1094,12 +1132,28 @@ def run_bench_train(args) -> dict:
               "mesh": dict(mesh.shape), "attention": describe_attention(cfg),
               "device": {k: v for k, v in device_info().items() if k != "devices"},
               "config": {**cfg.to_dict(), "batch_size": args.batch_size, "gradient_accumulation_steps": args.gradient_accumulation_steps}}
+    if args.trace:  # 10 more steps of the trained model under the profiler (a new fit compiles again: compilation is no op)
+        more = replace(train_cfg, max_steps=train_cfg.max_steps + 10, log_every=10)
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0  # Python events would fill the trace while the new fit compiles
+        with jax.profiler.trace(args.trace, create_perfetto_trace=True, profiler_options=options):
+            fit(model, optimizer, batches, more, more.max_steps, start_step=train_cfg.max_steps, put=batch_put(mesh), progress=False)
+        result["trace"] = {"dir": str(args.trace), **op_times(args.trace)}
     if args.json:
         print(json.dumps(result))
-    else:
-        mfu = f"MFU {result['mfu']:.1%} of {result['peak_flops'] / 1e12:.2f} TFLOP/s" if result["mfu"] is not None else "MFU unknown (no peak for this device)"
-        print(f"{rate:,.0f} tokens/s, {result['step_time_ms']:.1f} ms per step, {mfu}, compiled in {result['compile_s']:.1f} s, "
-              f"{result['outside_step_fraction']:.1%} of the time outside the compiled step")
+        return result
+    mfu = f"MFU {result['mfu']:.1%} of {result['peak_flops'] / 1e12:.2f} TFLOP/s" if result["mfu"] is not None else "MFU unknown (no peak for this device)"
+    print(f"{rate:,.0f} tokens/s, {result['step_time_ms']:.1f} ms per step, {mfu}, compiled in {result['compile_s']:.1f} s, "
+          f"{result['outside_step_fraction']:.1%} of the time outside the compiled step")
+    if args.trace:
+        trace = result["trace"]
+        if not trace["top_ops"]:
+            print(f"trace in {args.trace}: it holds no per-op timings for this device")
+        else:
+            kinds = ", ".join(f"{kind} {share:.0%}" for kind, share in sorted(trace["by_kind"].items(), key=lambda kv: -kv[1]))
+            print(f"trace in {args.trace}: {trace['step_ms']:.1f} ms of compiled ops per device and step: {kinds}; the slowest ops:")
+            for o in trace["top_ops"]:
+                print(f"  {o['ms']:7.3f} ms  {o['share']:5.1%}  {o['kind']:10s} {o['op']}")
     return result
 
 # %% ../nbs/09_cli.ipynb #81844947
