@@ -1074,7 +1074,7 @@ _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "col
 def op_kind(op: str) -> str:
     "The kind of a compiled op by its HLO name: 'matmul', 'collective' or 'other' (fusions, copies, reductions...)."
     name = op.lower()
-    if name.startswith(("dot", "convolution", "cublas", "gemm", "custom-call")) or "gemm" in name:
+    if name.startswith(("dot", "convolution", "cublas")) or "gemm" in name:  # XLA's own, and cuBLAS calls on a GPU
         return "matmul"
     return "collective" if name.startswith(_COLLECTIVES) else "other"
 
