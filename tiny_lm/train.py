@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 from .data import step_batches
@@ -141,6 +143,29 @@ def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Pa
     (loss, grads), _ = jax.lax.scan(body, zeros, (micro_ABT, jnp.arange(accum_steps)))
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
+def _whole(s) -> bool:
+    "Whether a sharding keeps a full copy of the array on each of its devices (split only over mesh axes of size 1)."
+    return isinstance(s, NamedSharding) and all(s.mesh.shape[a] == 1 for dim in s.spec if dim is not None
+                                                 for a in (dim if isinstance(dim, tuple) else (dim,)))
+
+def _replicated_mesh(state) -> Mesh | None:
+    "The mesh of several devices that every array of `state` is whole on (None if there is none: one device, or sharded arrays)."
+    shardings = {x.sharding for x in jax.tree.leaves(state) if isinstance(x, jax.Array)}
+    if not shardings or not all(_whole(s) for s in shardings):
+        return None
+    meshes = {s.mesh for s in shardings}
+    return meshes.pop() if len(meshes) == 1 and next(iter(meshes)).size > 1 else None
+
+def _data_parallel_grads(mesh: Mesh, model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param):
+    "`_grads` of each device's own rows, then one mean over the devices of every gradient at once, flattened into one vector."
+    graphdef, params, rest = nnx.split(model, wrt, ...)
+    axes = tuple(mesh.axis_names)
+    def local(params, rest, rows_BT):
+        loss, grads = _grads(nnx.merge(graphdef, params, rest), rows_BT, accum_steps, wrt)
+        flat, unflatten = ravel_pytree(grads)
+        return jax.lax.pmean(loss, axes), unflatten(jax.lax.pmean(flat, axes))
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axes)), out_specs=P(), check_vma=False)(params, rest, batch_BT)
+
 @cache
 def _cpu_options() -> tuple[tuple[str, str], ...]:
     if jax.default_backend() != "cpu":
@@ -160,12 +185,17 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
     "A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the initial state."
     graphdef, state = nnx.split((model, optimizer))
     use_dropout = model.cfg.dropout_rate > 0
+    # data parallel on a CPU: one all-reduce of all gradients, after the accumulation (05_parallel, "One all-reduce")
+    mesh = _replicated_mesh(nnx.state(model)) if jax.default_backend() == "cpu" and not use_dropout else None
 
     @partial(jax.jit, donate_argnums=0, compiler_options=compiler_options())
     def train_step(state, batch_BT):
         model, optimizer = nnx.merge(graphdef, state)
         key = jax.random.fold_in(jax.random.key(seed), optimizer.step[...]) if use_dropout else None
-        loss, grads = _grads(model, batch_BT, accum_steps, optimizer.wrt, key)
+        if mesh is not None and batch_BT.shape[0] % (mesh.size * accum_steps) == 0:
+            loss, grads = _data_parallel_grads(mesh, model, batch_BT, accum_steps, optimizer.wrt)
+        else:
+            loss, grads = _grads(model, batch_BT, accum_steps, optimizer.wrt, key)
         optimizer.update(model, grads)
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "skipped": optimizer.opt_state.notfinite_count[...]}
         return nnx.state((model, optimizer)), metrics
