@@ -164,6 +164,7 @@ def _data_parallel_grads(mesh: Mesh, model: Transformer, batch_BT: jax.Array, ac
         loss, grads = _grads(nnx.merge(graphdef, params, rest), rows_BT, accum_steps, wrt)
         flat, unflatten = ravel_pytree(grads)
         return jax.lax.pmean(loss, axes), unflatten(jax.lax.pmean(flat, axes))
+    # check_vma off: cpu_matmul's custom VJP (01_model) does not mark its weight gradients as varying over the devices
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axes)), out_specs=P(), check_vma=False)(params, rest, batch_BT)
 
 @cache
