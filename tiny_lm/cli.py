@@ -1132,7 +1132,7 @@ def run_bench_train(args) -> dict:
               "mesh": dict(mesh.shape), "attention": describe_attention(cfg),
               "device": {k: v for k, v in device_info().items() if k != "devices"},
               "config": {**cfg.to_dict(), "batch_size": args.batch_size, "gradient_accumulation_steps": args.gradient_accumulation_steps}}
-    if args.trace:  # 10 more steps of the trained model under the profiler (a new fit compiles again: compilation is no op)
+    if args.trace:  # 10 more steps of the trained model under the profiler (the new fit compiles again; compiling is not a compiled op, so the op times leave it out)
         more = replace(train_cfg, max_steps=train_cfg.max_steps + 10, log_every=10)
         options = jax.profiler.ProfileOptions()
         options.python_tracer_level = 0  # Python events would fill the trace while the new fit compiles

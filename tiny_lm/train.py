@@ -143,18 +143,14 @@ def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Pa
     (loss, grads), _ = jax.lax.scan(body, zeros, (micro_ABT, jnp.arange(accum_steps)))
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
-def _whole(s) -> bool:
-    "Whether a sharding keeps a full copy of the array on each of its devices (split only over mesh axes of size 1)."
-    return isinstance(s, NamedSharding) and all(s.mesh.shape[a] == 1 for dim in s.spec if dim is not None
-                                                 for a in (dim if isinstance(dim, tuple) else (dim,)))
-
 def _replicated_mesh(state) -> Mesh | None:
-    "The mesh of several devices that every array of `state` is whole on (None if there is none: one device, or sharded arrays)."
+    "The mesh of several devices that holds every array of `state` whole on each device (None: one device, or a sharded array)."
     shardings = {x.sharding for x in jax.tree.leaves(state) if isinstance(x, jax.Array)}
-    if not shardings or not all(_whole(s) for s in shardings):
+    meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
+    if len(meshes) != 1 or not all(isinstance(s, NamedSharding) and s.is_fully_replicated for s in shardings):
         return None
-    meshes = {s.mesh for s in shardings}
-    return meshes.pop() if len(meshes) == 1 and next(iter(meshes)).size > 1 else None
+    mesh, = meshes
+    return mesh if mesh.size > 1 else None
 
 def _data_parallel_grads(mesh: Mesh, model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param):
     "`_grads` of each device's own rows, then one mean over the devices of every gradient at once, flattened into one vector."
