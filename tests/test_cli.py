@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 DATA = Path(__file__).parent / "data"
@@ -152,7 +153,7 @@ BAD_INPUT = {
     "skipped steps": (["--max-skipped-steps", "0"], "--max-skipped-steps must be at least 1"),
     "cpu devices": (["--cpu-devices", "0"], "--cpu-devices must be at least 1"),
     "unknown profile": (["--profile", "a100"], "invalid choice: 'a100'"),
-    "negative sample length": (["--sample-tokens", "-1"], "--sample-tokens must be 0 (no samples) or more"),
+    "negative sample length": (["--sample-tokens", "-1"], "--sample-tokens must be 0 or more, got -1"),
 }
 
 def make_bad_files(tmp_path) -> dict:
@@ -326,7 +327,7 @@ def test_bad_fine_tuning_flags(trained, tmp_path, case):
         "dims": (["--d-model", "64"], "leave out --d-model"),
         "tokenizer": (["--vocab-size", "512"], "leave out --vocab-size"),
         "same folder": (["--output-dir", str(out)], "is the run --init-from reads"),
-        "rank 0": (["--use-lora", "--lora-rank", "0"], "--lora-rank must be between 1 and the model width"),
+        "rank 0": (["--use-lora", "--lora-rank", "0"], "--lora-rank must be at least 1, got 0: 8 or 16 is usual"),
         "rank too big": (["--use-lora", "--lora-rank", "33"], "between 1 and the model width 32"),
         "alpha": (["--use-lora", "--lora-alpha", "0"], "--lora-alpha must be positive"),
         "both init and resume": (["--resume-from", str(out)], "give only one of them"),
@@ -595,6 +596,25 @@ GEN_BAD = {
     "export exists": (["export", "--out", "EXISTING"], "exists: pass --overwrite"),
     "export without out": (["export"], "needs --out DIR"),
     "bench negative tokens": (["bench", "generate", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+    "eval unknown split": (["eval", "--split", "nosuchsplit"], "local files have a single split, 'train': leave out --split nosuchsplit"),
+    # the range table (cli.FLAG_RANGES), checked by main before any slow work
+    "no steps": (["train", "--max-steps", "0"], "--max-steps must be at least 1, got 0"),
+    "negative warmup": (["train", "--warmup-steps", "-5"], "--warmup-steps must be 0 or more, got -5"),
+    "zero learning rate": (["train", "--learning-rate", "0"], "--learning-rate must be more than 0, got 0.0"),
+    "zero epochs": (["train", "--epochs", "0"], "--epochs must be more than 0"),
+    "negative seed": (["train", "--seed", "-1"], "--seed must be 0 or more, got -1"),
+    "negative clip": (["train", "--grad-clip", "-1"], "--grad-clip must be 0 or more"),
+    "negative workers": (["train", "--num-workers", "-1"], "--num-workers must be 0 or more"),
+    "tiny vocabulary": (["train", "--vocab-size", "100"], "--vocab-size must be at least 257, got 100: a byte-level tokenizer needs"),
+    "zero lora alpha": (["train", "--lora-alpha", "0"], "--lora-alpha must be more than 0"),
+    "negative top-k": (["generate", "--top-k", "-1"], "--top-k must be 0 or more"),
+    "eval batch": (["eval", "--batch-size", "0"], "--batch-size must be at least 1"),
+    "size batch": (["size", "--batch-size", "0"], "--batch-size must be at least 1"),
+    "size vocabulary": (["size", "--vocab-size", "0"], "--vocab-size must be at least 1"),
+    "bench train steps": (["bench", "train", "--steps", "0"], "--steps must be at least 1"),
+    "bench data tokens": (["bench", "data", "--tokens", "0"], "--tokens must be at least 1"),
+    "bench data workers": (["bench", "data", "--num-workers", "-2"], "--num-workers must be 0 or more"),
+    "bench generate cores": (["bench", "generate", "--cpu-devices", "0"], "--cpu-devices must be at least 1"),
 }
 
 
@@ -613,7 +633,9 @@ def test_generate_eval_export_bad_input(trained, tmp_path, capsys, case):
         shutil.copytree(out, tmp_path / "foreign")
         Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a")).save(str(tmp_path / "foreign" / "tokenizer.json"))
     args = [str(names.get(a, a)) for a in args]
-    if args[0] != "bench" and "--checkpoint" not in args:
+    if args[0] == "train":
+        args += ["--output-dir", str(out)]
+    elif args[0] not in ("bench", "size") and "--checkpoint" not in args:
         args += ["--checkpoint", str(out)]
     before = snapshot(out)
     assert main(args) == 2
@@ -634,3 +656,48 @@ def test_bench_generate_cache_is_ten_times_faster():
         assert result[key] > 0, key
     assert result["seq_len"] == 128 and result["new_tokens"] == 256
     assert result["cached_tokens_per_sec"] >= 10 * result["uncached_tokens_per_sec"], result
+
+
+def overwrite_with_random_bytes(step_folder: Path) -> None:
+    """Every file of a step, its metadata and records included, overwritten in place with random bytes of at least its size."""
+    rng = np.random.default_rng(0)
+    for f in step_folder.rglob("*"):
+        if f.is_file():
+            f.write_bytes(rng.integers(0, 256, max(64, f.stat().st_size), dtype=np.uint8).tobytes())
+
+
+DAMAGED_COMMANDS = {
+    "generate": ["generate", "--checkpoint", "RUN", "--max-tokens", "5"],
+    "eval": ["eval", "--checkpoint", "RUN", "--json"],
+    "export": ["export", "--checkpoint", "RUN", "--out", "HF"],
+    "inspect": ["inspect", "RUN", "--json"],
+}
+
+
+@pytest.mark.parametrize("command", list(DAMAGED_COMMANDS))
+def test_damaged_newest_step_is_skipped_with_a_warning(trained, tmp_path, capsys, command):
+    """The newest step's files overwritten with random bytes: each command warns, naming it, and uses the step before;
+    a damaged step named on its own is one clear error."""
+    from tiny_lm.cli import main
+    run = tmp_path / "run"
+    shutil.copytree(trained[0], run)  # copies: the original's hard-linked final_checkpoint stays intact
+    overwrite_with_random_bytes(run / "checkpoint_step_80")
+    args = [{"RUN": str(run), "HF": str(tmp_path / "hf")}.get(a, a) for a in DAMAGED_COMMANDS[command]]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert f"warning: checkpoint_step_80 (UnicodeDecodeError) in {run} cannot be read (damaged): using step 40 instead" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    if command == "inspect":
+        report = json.loads(out)
+        states = {c["name"]: c["state"] for c in report["checkpoints"]}
+        assert report["step"] == 40 and states["checkpoint_step_80"] == "damaged (cannot be read)", states
+        assert states["checkpoint_step_40"] == "complete"
+    if command == "eval":
+        assert json.loads(out)["tokens"] > 0
+    if command == "export":
+        assert (tmp_path / "hf" / "model.safetensors").is_file()
+    named = [str(run / "checkpoint_step_80") if a == str(run) else a for a in args]
+    assert main(named) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / 'checkpoint_step_80'} cannot be read (UnicodeDecodeError): it is damaged; pass the run folder"), err
+    assert len(err.strip().splitlines()) == 1, err

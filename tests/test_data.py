@@ -106,9 +106,8 @@ def deadline(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-CLOSE_HANG = ("StreamingBatches.close() did not return within 60 s: TokenizerPool.close() calls multiprocessing.Pool.terminate(), "
-              "which deadlocks when a worker is killed while it holds the result queue's write lock (CPython gh-96995); "
-              "a data.py bug; intermittent, seen a few times in hundreds of closes, mostly on a busy machine")
+CLOSE_HANG = ("StreamingBatches.close() did not return within 60 s: TokenizerPool.close() kills each worker and closes its pipes; "
+              "a hang there is a data.py bug (multiprocessing's pool, used before, could deadlock here: CPython gh-96995)")
 
 
 def close(stream) -> None:

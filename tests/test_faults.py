@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cli import ENV, SMALL, tiny_lm, without
+from test_cli import ENV, SMALL, overwrite_with_random_bytes, tiny_lm, without
 
 # 60 short steps, a checkpoint every 3 of them and a metrics line every step: plenty of moments to interrupt
 RUN = [*without(SMALL, "--eval-every", "--save-every"), "--eval-every", "30", "--save-every", "3", "--log-every", "1",
@@ -119,16 +119,20 @@ def test_ctrl_c_once_saves_twice_stops_at_once(tmp_path):
     assert r.returncode == 0 and "continuing it" in r.stdout, r.stderr
 
 
-def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path):
+@pytest.mark.parametrize("damage", ["array files truncated", "every file random bytes, metadata included"])
+def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, damage):
     out = tmp_path / "o"
     r = tiny_lm("train", *without(RUN, "--max-steps", "--save-every"), "--max-steps", "20", "--save-every", "5", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
-    for f in (out / "checkpoint_step_20" / "model").rglob("*"):
-        if f.is_file():
-            f.write_bytes(b"garbage")
+    if damage == "array files truncated":
+        for f in (out / "checkpoint_step_20" / "model").rglob("*"):
+            if f.is_file():
+                f.write_bytes(b"garbage")
+    else:
+        overwrite_with_random_bytes(out / "checkpoint_step_20")
     r = tiny_lm("train", *without(RUN, "--max-steps", "--save-every"), "--max-steps", "25", "--save-every", "5", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
-    assert "warning: checkpoint_step_20 (" in r.stdout and "cannot be read (damaged or cut short): restored step 15 instead" in r.stdout
+    assert "warning: checkpoint_step_20 (" in r.stdout + r.stderr and "restored step 15 instead" in r.stdout
     assert "moved the unreadable checkpoint_step_20 aside (now checkpoint_step_20.damaged)" in r.stdout
     assert f"resumed {out} at step 15 of 25" in r.stdout
     assert (out / "checkpoint_step_20.damaged").is_dir() and steps_on_disk(out)[-1] == 25

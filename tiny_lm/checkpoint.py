@@ -11,6 +11,8 @@ import logging
 import os
 import re
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -25,16 +27,17 @@ from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['STEP_PREFIX', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore',
-           'set_aside', 'best_step', 'publish', 'run_meta', 'restore_weights', 'load_checkpoint']
+           'set_aside', 'best_step', 'publish', 'run_meta', 'restore_weights', 'LoadedRun', 'load_run',
+           'load_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
 
 class _QuietReadOnly(logging.Filter):
-    "Orbax warns each time a manager is opened read-only, which is how tiny-lm reads runs: drop those two lines."
+    "Orbax's warnings on read-only managers (how tiny-lm reads runs) and on damaged steps (tiny-lm says it in one line)."
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return "read_only=True" not in message and "directory is read only" not in message
+        return not any(s in message for s in ("read_only=True", "directory is read only", "Failed to read Metadata file"))
 
 logging.getLogger("absl").addFilter(_QuietReadOnly())
 
@@ -233,44 +236,83 @@ def publish(run_dir: str | Path, name: str, step: int) -> Path:
 
 # %% ../nbs/06_checkpoint.ipynb #82e1ea38
 def _locate(path: Path) -> tuple[Path, int | None]:
-    "The run folder and step that `path` names: a run folder (newest step) or a checkpoint_step_N folder."
+    "The run folder and step that `path` names: a run folder (None: its newest step) or a checkpoint_step_N folder."
     m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)", path.name)
     if m and path.is_dir():
         return path.parent, int(m.group(1))
     if not path.is_dir():
         raise TinyLMError(f"checkpoint folder {path} does not exist: pass the --output-dir of a training run")
+    if not any(path.glob(f"{STEP_PREFIX}_*")):  # before Orbax, which would log warnings about a folder that is no run
+        raise TinyLMError(f"no checkpoint in {path}: train first with tiny-lm train --output-dir {path}")
     return path, None
 
-def run_meta(path: str | Path) -> tuple[Path, int, dict]:
-    "`(run folder, step, meta record)` of a run folder's newest step, or of the checkpoint_step_N folder `path` names."
+_WARNED: set = set()  # (run folder, step) already reported as damaged by this process: each is said once
+
+def _newest_readable(path: str | Path, read: Callable[[Checkpointer, int], object]) -> tuple[Path, int, object, list]:
+    "`(run folder, step, read(ckpt, step), damaged steps)`: the step `path` names, else the newest step `read` succeeds on."
     root, step = _locate(Path(path).expanduser())
-    if not any(root.glob(f"{STEP_PREFIX}_*")):  # before Orbax, which would log warnings about a folder that is no run
-        raise TinyLMError(f"no checkpoint in {root}: train first with tiny-lm train --output-dir {root}")
-    ckpt = Checkpointer(root, read_only=True)
-    step = step if step is not None else (ckpt.steps() or [None])[-1]
-    if step is None:
-        raise TinyLMError(f"no checkpoint in {root}: train first with tiny-lm train --output-dir {root}")
-    meta = ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    ckpt.close()
+    ckpt, damaged = Checkpointer(root, read_only=True), []
+    try:
+        for s in [step] if step is not None else ckpt.steps()[::-1]:
+            try:
+                value = read(ckpt, s)
+            except TinyLMError:
+                raise
+            except Exception as e:  # a damaged step (truncated, overwritten, half deleted): the one before it
+                damaged.append((s, type(e).__name__))
+                continue
+            _warn_damaged(root, damaged, s)
+            return root, s, value, [d for d, _ in damaged]
+    finally:
+        ckpt.close()
+    if step is not None:
+        raise TinyLMError(f"{root / f'{STEP_PREFIX}_{step}'} cannot be read ({damaged[0][1]}): it is damaged; pass the run folder "
+                          f"{root} to use its newest readable step")
+    raise TinyLMError(f"no readable checkpoint in {root}" + (f" ({', '.join(f'step {d}: {why}' for d, why in damaged)})" if damaged else "")
+                      + ": train first, or restore the run from a copy")
+
+def _warn_damaged(root: Path, damaged: list, used: int) -> None:
+    new = [(d, why) for d, why in damaged if (root, d) not in _WARNED]
+    if new:
+        _WARNED.update((root, d) for d, _ in new)
+        names = ", ".join(f"{STEP_PREFIX}_{d} ({why})" for d, why in new)
+        print(f"warning: {names} in {root} cannot be read (damaged): using step {used} instead", file=sys.stderr)
+
+def _read_meta(ckpt: Checkpointer, step: int) -> dict:
+    return ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+def run_meta(path: str | Path) -> tuple[Path, int, dict]:
+    "`(run folder, step, meta record)` of a run folder's newest readable step, or of the checkpoint_step_N folder `path` names."
+    root, step, meta, _ = _newest_readable(path, _read_meta)
     return root, step, meta
 
+# %% ../nbs/06_checkpoint.ipynb #00974b15
 def restore_weights(path: str | Path, model: Transformer) -> dict:
     "Copy a run's weights (its newest step, or the checkpoint_step_N folder `path` names) into `model`'s base parameters; returns `{'path', 'step'}`."
-    root, step, meta = run_meta(path)
-    if ModelConfig.from_dict(meta["config"]["model"]).lora_rank:
-        raise TinyLMError(f"{root} is a LoRA run, not a base model: start from its merged model instead (train it with --merge-lora and use {root / 'merged'})")
-    ckpt = Checkpointer(root, read_only=True)
     base = nnx.state(model, nnx.Not(nnx.LoRAParam))
-    restored = ckpt.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(base))))["model"]
-    ckpt.close()
+    def read(ckpt: Checkpointer, step: int):
+        if ModelConfig.from_dict(_read_meta(ckpt, step)["config"]["model"]).lora_rank:
+            raise TinyLMError(f"{ckpt.directory} is a LoRA run, not a base model: start from its merged model instead "
+                              f"(train it with --merge-lora and use {ckpt.directory / 'merged'})")
+        return ckpt.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(base))))["model"]
+    root, step, restored, _ = _newest_readable(path, read)
     nnx.update(model, restored)
     return {"path": str(root), "step": step}
 
-def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer, ModelConfig]:
-    "Load `(model, tokenizer, model_config)` from a training run's folder or one of its checkpoint_step_N folders (a LoRA run loads its base too)."
-    root, step, meta = run_meta(path)
+@dataclasses.dataclass
+class LoadedRun:
+    "A trained model read back from a run folder, with where it came from."
+    model: Transformer
+    tokenizer: Tokenizer
+    config: ModelConfig
+    root: Path  # the run folder
+    step: int  # the step loaded: the one named, or the newest readable
+    meta: dict  # that step's record (configuration, metrics)
+    damaged: list[int]  # newer steps skipped because they cannot be read
+
+def _read_model(root: Path, tokenizer: Tokenizer, ckpt: Checkpointer, step: int) -> tuple[Transformer, ModelConfig, dict]:
+    meta = _read_meta(ckpt, step)
     cfg = ModelConfig.from_dict(meta["config"]["model"])
-    tokenizer = load_tokenizer(root / "tokenizer.json")
     if meta.get("tokenizer_fingerprint") not in (None, tokenizer_fingerprint(tokenizer)):
         raise TinyLMError(f"{root / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with (was it retrained?): restore the original tokenizer.json")
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -280,8 +322,18 @@ def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer
             restore_weights(Path(base["path"]) / f"{STEP_PREFIX}_{base['step']}", model)
         except (TinyLMError, KeyError) as e:
             raise TinyLMError(f"{root} holds LoRA adapters for base run {base.get('path')} step {base.get('step')}, which cannot be read ({e}): restore that checkpoint, or retrain with --merge-lora for a standalone model") from None
-    ckpt = Checkpointer(root, read_only=True)
     restored = ckpt.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(saved_state(model)))))["model"]
-    ckpt.close()
     nnx.update(model, restored)
-    return model, tokenizer, cfg
+    return model, cfg, meta
+
+def load_run(path: str | Path = "output") -> LoadedRun:
+    "The model of a run folder's newest readable step (a damaged newer one is skipped with a warning), or of the checkpoint_step_N folder `path` names."
+    root, _ = _locate(Path(path).expanduser())
+    tokenizer = load_tokenizer(root / "tokenizer.json")
+    root, step, (model, cfg, meta), damaged = _newest_readable(path, lambda ckpt, s: _read_model(root, tokenizer, ckpt, s))
+    return LoadedRun(model, tokenizer, cfg, root, step, meta, damaged)
+
+def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer, ModelConfig]:
+    "Load `(model, tokenizer, model_config)` from a training run's folder or one of its checkpoint_step_N folders (a LoRA run loads its base too)."
+    run = load_run(path)
+    return run.model, run.tokenizer, run.config

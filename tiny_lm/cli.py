@@ -18,7 +18,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
 
@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 from tokenizers import Tokenizer, models
 
-from .checkpoint import (STEP_PREFIX, Checkpointer, best_step, load_checkpoint, publish, restore, restore_weights, run_meta,
+from .checkpoint import (STEP_PREFIX, Checkpointer, best_step, load_checkpoint, load_run, publish, restore, restore_weights, run_meta,
                                 set_aside)
 from .copies import Destination, Mirror, check_destination, cloud_destination, destination, fetch_run, is_url, redact, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens, open_source,
@@ -45,10 +45,11 @@ from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_
 from .train import Interrupted, TrainConfig, fit, in_notebook, init_model, make_train_step, peak_flops
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'EXPORT_FORMATS', 'EXAMPLES', 'configs_from_args', 'committed_steps', 'check_backup_dir',
-           'copy_destinations', 'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'apply_profile', 'run_train',
-           'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size', 'measure_speed', 'run_bench_data',
-           'op_kind', 'op_times', 'run_bench_train', 'run_bench_generate', 'build_parser', 'main']
+__all__ = ['AT_LEAST_1', 'AT_LEAST_0', 'POSITIVE', 'FLAG_RANGES', 'SAMPLE_TOKENS', 'EXPORT_FORMATS', 'EXAMPLES', 'Range',
+           'check_ranges', 'configs_from_args', 'committed_steps', 'check_backup_dir', 'copy_destinations',
+           'mesh_devices', 'run_mesh', 'split_cpu', 'Trainer', 'apply_profile', 'run_train', 'run_generate', 'run_eval',
+           'run_export', 'run_inspect', 'run_size', 'measure_speed', 'run_bench_data', 'op_kind', 'op_times',
+           'run_bench_train', 'run_bench_generate', 'build_parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #84c4f563
 _DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -157,6 +158,52 @@ def _train_parser(sub) -> None:
     c.add_argument("--cloud-region", default=None, help="S3 only: the bucket's region (default: AWS_DEFAULT_REGION or the AWS configuration's)")
     c.add_argument("--azure-account-name", default=None, help="Azure only: the storage account (default: AZURE_STORAGE_ACCOUNT_NAME or the connection string's)")
     c.add_argument("--azure-sas-token", default=None, help="Azure only: a SAS token for the account, never printed or saved (default: AZURE_STORAGE_SAS_TOKEN or the connection string's credentials)")
+
+# %% ../nbs/09_cli.ipynb #38d44da7
+@dataclass(frozen=True)
+class Range:
+    "The values a numeric flag accepts: `low` and `high` bounds (None: unbounded), each included unless marked open."
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # the low bound itself is refused
+    high_open: bool = False
+    hint: str = ""  # what to pass instead, after the error
+
+    def __contains__(self, value) -> bool:
+        above = self.low is None or value > self.low or value == self.low and not self.low_open
+        below = self.high is None or value < self.high or value == self.high and not self.high_open
+        return above and below and not (isinstance(value, float) and math.isnan(value))
+
+    def __str__(self) -> str:
+        if self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        return f"more than {self.low:g}" if self.low_open else "0 or more" if self.low == 0 else f"at least {self.low:g}"
+
+AT_LEAST_1, AT_LEAST_0, POSITIVE = Range(1), Range(0), Range(0, low_open=True)
+FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys override the plain name for that command
+    **dict.fromkeys(["max_train_examples", "max_val_examples", "stride", "tokenizer_train_examples", "d_model", "num_layers",
+                     "num_heads", "num_kv_heads", "d_ff", "seq_len", "batch_size", "gradient_accumulation_steps", "eval_every",
+                     "eval_batches", "log_every", "save_every", "max_skipped_steps", "keep_checkpoints", "target_params",
+                     "cpu_devices", "num_processes", "coordinator_timeout", "num_samples", "max_examples", "tokens", "steps",
+                     "vocab_size"], AT_LEAST_1),
+    **dict.fromkeys(["num_workers", "warmup_steps", "weight_decay", "grad_clip", "save_every_minutes", "seed", "sample_tokens",
+                     "eval_sample_tokens", "process_id", "max_tokens", "temperature", "top_k"], AT_LEAST_0),
+    "shuffle_buffer_size": Range(1, hint="1 disables shuffling"),
+    "lora_rank": Range(1, hint="8 or 16 is usual"), "lora_alpha": POSITIVE, "learning_rate": POSITIVE, "epochs": POSITIVE,
+    "max_steps": Range(1, hint="the run trains that many optimizer steps"),
+    "dropout_rate": Range(0, 1, high_open=True, hint="0.1 is usual, 0 turns dropout off"),
+    "top_p": Range(0, 1, low_open=True, hint="1 keeps every token, 0.9 is usual"),
+    **dict.fromkeys(["train vocab_size", "train min_vocab_size", "train max_vocab_size", "bench data vocab_size"],
+                    Range(257, hint="a byte-level tokenizer needs 256 bytes + <|endoftext|>")),
+    "bench generate max_tokens": Range(1, hint="there is nothing to time in 0 tokens"),
+}
+
+def check_ranges(args: argparse.Namespace, command: str) -> None:
+    "A one-line error for the first numeric flag of `command` outside its `FLAG_RANGES` range (flags left unset are skipped)."
+    for name, value in vars(args).items():
+        rule = FLAG_RANGES.get(f"{command} {name}", FLAG_RANGES.get(name))
+        if rule is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value not in rule:
+            raise TinyLMError(f"--{name.replace('_', '-')} must be {rule}, got {value}" + (f": {rule.hint}" if rule.hint else ""))
 
 # %% ../nbs/09_cli.ipynb #f1019260
 def _size_flags(g, default: str = "tiny") -> None:
@@ -833,9 +880,6 @@ def _eval_source(args, run_data: dict) -> TextSource:
 
 def run_eval(args) -> dict:
     "Score the text; print the result (one JSON object with --json) and return it."
-    for name in ("max_examples", "stride", "batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     _, _, meta = run_meta(args.checkpoint)  # a wrong folder fails before any data is read
     source = _eval_source(args, meta["config"].get("data", {}))
     model, tokenizer, cfg = load_checkpoint(args.checkpoint)
@@ -880,23 +924,34 @@ def _inspect_parser(sub) -> None:
     p.add_argument("--prompt", default="", help="prompt of the short sample (default: empty, a new document)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a report (default: the report)")
 
-def _checkpoint_folders(root: Path) -> list[dict]:
-    "Every checkpoint folder of a run: name, step, and state (complete, interrupted save, set aside as damaged)."
+def _readable(path: Path) -> bool:
+    "Whether the step `path` names (a checkpoint_step_N folder, or the newest step of a run folder) has a readable record."
+    try:
+        run_meta(path)
+        return True
+    except TinyLMError:
+        return False
+
+def _checkpoint_folders(root: Path, damaged: list[int]) -> list[dict]:
+    "Every checkpoint folder of a run: name, step, and state (complete, damaged, interrupted save, set aside as damaged)."
     found = []
     for p in sorted(root.iterdir(), key=lambda p: p.name):
         m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)(\.orbax-checkpoint-tmp.*|\.damaged.*)?", p.name)
         if p.is_dir() and m:
             state = "complete" if not m.group(2) else "interrupted save (ignored)" if "tmp" in m.group(2) else "damaged (set aside)"
+            if state == "complete" and (int(m.group(1)) in damaged or not _readable(p)):
+                state = "damaged (cannot be read)"
             found.append({"name": p.name, "step": int(m.group(1)), "state": state})
         elif p.is_dir() and p.name in ("best_checkpoint", "final_checkpoint"):
             steps = committed_steps(p)
-            found.append({"name": p.name, "step": steps[-1] if steps else None, "state": "complete" if steps else "empty"})
+            state = "empty" if not steps else "complete" if _readable(p) else "damaged (cannot be read)"
+            found.append({"name": p.name, "step": steps[-1] if steps else None, "state": state})
     return found
 
 def run_inspect(args) -> dict:
     "Print (as a report, or one JSON object with --json) and return what the run at `args.path` holds."
-    root, step, meta = run_meta(args.path)
-    model, tokenizer, cfg = load_checkpoint(args.path)
+    run = load_run(args.path)
+    root, step, meta, model, tokenizer = run.root, run.step, run.meta, run.model, run.tokenizer
     leaves = jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))
     norms = {_path_name(path).replace("/", "."): float(np.linalg.norm(np.asarray(x, np.float32))) for path, x in leaves}
     finite = bool(all(np.isfinite(np.asarray(x, np.float32)).all() for _, x in leaves))
@@ -904,7 +959,7 @@ def run_inspect(args) -> dict:
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     metrics = meta.get("metrics", {})
     report = {"path": str(root), "step": step, "params": count_params(model), "train_loss": metrics.get("train_loss"),
-              "val_loss": metrics.get("val_loss"), "finite": finite, "checkpoints": _checkpoint_folders(root),
+              "val_loss": metrics.get("val_loss"), "finite": finite, "checkpoints": _checkpoint_folders(root, run.damaged),
               "vocab_size": tokenizer.get_vocab_size(), "bytes_per_token": summary.get("bytes_per_token"),
               "config": meta["config"], "norms": norms,
               "sample": generate(model, tokenizer, args.prompt, max_new_tokens=40, temperature=0.8, top_k=50) if finite else None}
@@ -945,8 +1000,6 @@ def _size_parser(sub) -> None:
 def run_size(args) -> dict:
     "Print (and return) the size report of the model the flags describe."
     _check_size_flags(args)
-    if args.batch_size < 1:
-        raise TinyLMError(f"--batch-size must be at least 1, got {args.batch_size}")
     dtype = _precision(args) or default_precision()
     cfg = _resize(_base_model(args, args.vocab_size), _model_overrides(args), dtype=dtype)
     report = size_report(cfg, args.batch_size, device_memory())
@@ -1008,8 +1061,6 @@ def _rate(make_batch, tokens_per_batch: int, n_tokens: int) -> float:
 
 def run_bench_data(args) -> dict:
     "Measure the data pipeline's rates; print them (as JSON with --json) and return them."
-    if min(args.seq_len, args.batch_size, args.tokens) < 1 or args.num_workers < 0:
-        raise TinyLMError("--seq-len, --batch-size and --tokens must be at least 1 and --num-workers at least 0")
     cfg = DataConfig(args.dataset_id, args.dataset_config, args.text_column, num_workers=args.num_workers, streaming=True)
     source = open_source(cfg)
     docs = list(islice(source.documents("train"), 20_000))
@@ -1104,8 +1155,6 @@ def op_times(trace_dir: str | Path, module: str = "train_step", top: int = 10) -
 
 def run_bench_train(args) -> dict:
     "Time training steps of the flags' model on random tokens; print the rates (one JSON object with --json) and return them."
-    if min(args.batch_size, args.gradient_accumulation_steps, args.steps, args.vocab_size) < 1:
-        raise TinyLMError("--batch-size, --gradient-accumulation-steps, --steps and --vocab-size must be at least 1")
     if args.trace and Path(args.trace).exists() and not Path(args.trace).is_dir():
         raise TinyLMError(f"--trace {args.trace} is a file: give a folder for the profiler trace (it is created if missing)")
     split_cpu(args.cpu_devices)
@@ -1172,8 +1221,6 @@ def _placeholder_tokenizer(vocab_size: int) -> Tokenizer:
 def run_bench_generate(args) -> dict:
     "Time generation with and without the cache; print the rates (one JSON object with --json) and return them."
     check_sampling(args.temperature, args.top_k, args.top_p, args.max_tokens)
-    if args.max_tokens < 1:
-        raise TinyLMError(f"--max-tokens must be at least 1 to time generation, got {args.max_tokens}")
     split_cpu(args.cpu_devices or 1)
     if args.checkpoint:
         model, tokenizer, cfg = load_checkpoint(args.checkpoint)
@@ -1250,6 +1297,7 @@ def main(argv: list[str] | None = None) -> int:
     "Run `tiny-lm` with `argv` (default: the process's arguments); returns the exit status."
     args = build_parser().parse_args(argv)
     try:
+        check_ranges(args, args.command + (f" {args.bench}" if args.command == "bench" else ""))
         run = {"train": run_train, "generate": run_generate, "eval": run_eval, "export": run_export, "inspect": run_inspect, "size": run_size,
                "bench": lambda args: {"data": run_bench_data, "train": run_bench_train, "generate": run_bench_generate}[args.bench](args)}
         run[args.command](args)

@@ -5,26 +5,28 @@
 # %% ../nbs/03_data.ipynb #31da92f5
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import hashlib
 import json
-import multiprocessing
 import os
+import pickle
 import queue
 import re
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import urllib.parse
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
@@ -38,8 +40,8 @@ from .tokenizer import EOT, TinyLMError, document_separator, tokenizer_fingerpri
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'DataConfig', 'builtin_corpus_files',
            'file_format', 'source_kind', 'Shard', 'TextSource', 'open_source', 'token_dtype', 'tokenize_documents',
-           'TokenizerPool', 'load_tokens', 'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches',
-           'eval_windows', 'Prefetcher', 'step_batches']
+           'serve_encoder', 'TokenizerPool', 'load_tokens', 'first_tokens', 'unigram_loss', 'Batches',
+           'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -191,6 +193,7 @@ def _rows_json(path: Path, start, column=None):
         yield (row if column is None else row.get(column)), i + 1
 
 def _rows_csv(path: Path, start, column=None):
+    csv.field_size_limit(2**31 - 1)  # the default 128 KiB stops at the first long document: documents are long
     with _open_binary(path) as f:
         line, _, first = next(_pieces(f, b"\n", 0), (b"", 0, 0))
         header = next(csv.reader([_decode(line, path, 0)]), [])
@@ -388,8 +391,6 @@ def _open_hub(cfg: DataConfig):
         raise unreachable from None
     except ValueError as e:  # e.g. a missing or unknown configuration name
         raise TinyLMError(f"cannot load {cfg.dataset_id!r}: {str(e).splitlines()[0]} (set --dataset-config)") from None
-    if cfg.split not in splits:
-        raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.split!r} (it has {', '.join(splits)}): pass --split with one of those")
     return {k: [Shard("hub", stream=v, start=v.state_dict())] for k, v in splits.items()}, EOT, {"hub": cfg.dataset_id, "config": cfg.dataset_config}, None
 
 # %% ../nbs/03_data.ipynb #f6901965
@@ -404,6 +405,8 @@ def open_source(cfg: DataConfig) -> TextSource:
     opener = {"builtin": _open_builtin, "local": _open_local, "hub": _open_hub}[source_kind(cfg.dataset_id)]
     try:
         splits, separator, fingerprint, size = opener(cfg)
+        if cfg.split not in splits:
+            raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.split!r} (it has {', '.join(splits)}): pass --split with one of those")
         first = _first_row(splits[cfg.split])
     except TinyLMError:
         raise
@@ -439,48 +442,115 @@ def tokenize_documents(
     return np.array(ids, dtype=token_dtype(tokenizer.get_vocab_size()))
 
 # %% ../nbs/03_data.ipynb #88c083d6
-_WORKER: dict = {}
+def _send(pipe, payload: bytes) -> None:
+    pipe.write(struct.pack("<Q", len(payload)) + payload)
+    pipe.flush()
 
-def _start_worker(tokenizer_json: str, separator: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process, which shuts the pool down
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
-    _WORKER.update(tokenizer=Tokenizer.from_str(tokenizer_json), separator=separator)
+def _receive(pipe) -> bytes | None:
+    "One message, or None at the end of the pipe (the other side is gone)."
+    head = pipe.read(8)
+    if len(head) < 8:
+        return None
+    body = pipe.read(struct.unpack("<Q", head)[0])
+    return body if len(body) == struct.unpack("<Q", head)[0] else None
 
-def _encode_in_worker(texts: list[str]) -> np.ndarray:
-    return tokenize_documents(texts, _WORKER["tokenizer"], _WORKER["separator"])
+def serve_encoder() -> None:
+    "A tokenizer worker's main loop: a tokenizer, then chunks of documents on stdin; their tokens, in order, on stdout."
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process, which stops its workers
+    requests, replies, sys.stdout = sys.stdin.buffer, sys.stdout.buffer, sys.stderr  # nothing else may write to the pipe
+    tokenizer_json, separator = pickle.loads(_receive(requests))
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    inbox = queue.SimpleQueue()  # read on a thread: the main process never blocks writing while this one encodes
+    def read():
+        while (message := _receive(requests)) is not None:
+            inbox.put(message)
+        inbox.put(None)
+    threading.Thread(target=read, daemon=True).start()
+    while (message := inbox.get()) is not None:
+        try:
+            _send(replies, tokenize_documents(pickle.loads(message), tokenizer, separator).tobytes())
+        except BrokenPipeError:  # the main process is gone
+            return
 
+# %% ../nbs/03_data.ipynb #71113bed
+_WORKER_MAIN = "from tiny_lm.data import serve_encoder; serve_encoder()"
+
+def _start_encoder(setup: bytes) -> subprocess.Popen:
+    "One worker: a fresh interpreter that imports only this module (never the caller's script, guarded or not)."
+    import tiny_lm
+    package_root = str(Path(tiny_lm.__file__).resolve().parent.parent)  # found even where tiny_lm is not installed
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",  # one thread per worker: the workers are the parallelism
+           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    log = tempfile.TemporaryFile()  # the worker's stderr: its last line goes into the error if it dies
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=log, env=env)
+    worker.log = log
+    _post(worker, setup)
+    return worker
+
+def _post(worker: subprocess.Popen, payload: bytes) -> None:
+    try:
+        _send(worker.stdin, payload)
+    except (BrokenPipeError, ValueError):  # ValueError: the pipe was closed
+        raise _worker_died(worker) from None
+
+def _worker_died(worker: subprocess.Popen) -> TinyLMError:
+    "The error for a worker that is gone: its exit status and the last line it wrote to stderr."
+    try:
+        status = worker.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # alive, but its pipe is closed: stop it
+        worker.kill()
+        status = worker.wait()
+    said = []
+    with contextlib.suppress(OSError, ValueError):  # ValueError: the pool was closed meanwhile
+        worker.log.seek(0)
+        said = [line.strip() for line in worker.log.read().decode(errors="replace").splitlines() if line.strip()]
+    how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+    return TinyLMError(f"tokenizer worker {worker.pid} {how}" + (f" ({said[-1]})" if said else "") +
+                       ": run again; if it recurs, pass --num-workers 0 to tokenize in the main process")
+
+# %% ../nbs/03_data.ipynb #6eef424f
 class TokenizerPool:
-    "Encode chunks of documents in spawned worker processes (0: in this process), results in order."
+    "Encode chunks of documents in worker processes (0: in this process), results in order; a dead worker raises at once."
     def __init__(self, tokenizer: Tokenizer, separator: str = EOT, num_workers: int = 2):
         self.tokenizer, self.separator, self.num_workers = tokenizer, separator, num_workers
-        self._pool = None
-        if num_workers:
-            from tiny_lm.data import _encode_in_worker, _start_worker  # by module name, which spawned workers can import
-            self._encode = _encode_in_worker
-            self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_worker, initargs=(tokenizer.to_str(), separator))
+        self.dtype = token_dtype(tokenizer.get_vocab_size())
+        setup = pickle.dumps((tokenizer.to_str(), separator))
+        self.workers = [_start_encoder(setup) for _ in range(num_workers)]
+
+    def _result(self, worker: subprocess.Popen) -> np.ndarray:
+        reply = _receive(worker.stdout)
+        if reply is None:
+            raise _worker_died(worker)
+        return np.frombuffer(reply, self.dtype)
 
     def imap(self, chunks: Iterator[tuple[list[str], dict]]) -> Iterator[tuple[np.ndarray, dict]]:
         "(tokens, position) for each (texts, position) of `chunks`, in order, at most 4 × workers chunks ahead."
-        if self._pool is None:
+        if not self.workers:
             for texts, pos in chunks:
                 yield tokenize_documents(texts, self.tokenizer, self.separator), pos
             return
-        pending = deque()
-        for texts, pos in chunks:
-            pending.append((self._pool.submit(self._encode, texts), pos))
-            if len(pending) >= 4 * self.num_workers:
-                future, p = pending.popleft()
-                yield future.result(), p  # a worker that dies raises BrokenProcessPool here: never a hang
+        pending = deque()  # (worker, position), oldest first; each worker answers its own chunks in order
+        for i, (texts, pos) in enumerate(chunks):
+            worker = self.workers[i % len(self.workers)]
+            _post(worker, pickle.dumps(texts))
+            pending.append((worker, pos))
+            if len(pending) >= 4 * len(self.workers):
+                worker, p = pending.popleft()
+                yield self._result(worker), p
         while pending:
-            future, p = pending.popleft()
-            yield future.result(), p
+            worker, p = pending.popleft()
+            yield self._result(worker), p
 
     def close(self) -> None:
-        "Stop the workers: queued chunks are dropped, the few being encoded finish first."
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        "Stop the workers at once: what they are encoding is no longer wanted."
+        for worker in self.workers:
+            worker.kill()
+            worker.wait()
+            for pipe in (worker.stdin, worker.stdout, worker.log):
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self.workers = []
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()

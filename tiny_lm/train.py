@@ -68,8 +68,11 @@ class TrainConfig:
         for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every", "max_skipped_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 0 or self.epochs is not None and self.epochs <= 0:
-            raise TinyLMError(f"--max-steps must be ≥ 0 and --epochs > 0 (got {self.max_steps} and {self.epochs})")
+        if self.max_steps is not None and self.max_steps < 1 or self.epochs is not None and self.epochs <= 0:
+            raise TinyLMError(f"--max-steps must be at least 1 and --epochs more than 0 (got {self.max_steps} and {self.epochs})")
+        for name in ("warmup_steps", "weight_decay", "grad_clip", "seed"):
+            if getattr(self, name) < 0:
+                raise TinyLMError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")
         if self.save_every_minutes < 0:
             raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), got {self.save_every_minutes}")
         if self.learning_rate <= 0:
