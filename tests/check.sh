@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every check tiny_lm's CI runs, in order: export/clean/README are up to date, ruff, the notebooks
+# Every check tiny_lm's CI runs, in order: export/clean/README are up to date, ruff (.ci/lint.py), the notebooks
 # (nbdev_test), then pytest. pytest runs last so that its summary ("N passed in ...") is the final
 # line printed. Run from the repository root with the dev virtual environment active:
 #   pip install -e ".[dev]" && bash tests/check.sh
@@ -42,8 +42,8 @@ if ! cmp -s README.md "$readme_before"; then
 fi
 echo "ok: nothing to export, clean or regenerate"
 
-header "2/4: ruff check --select F tiny_lm"
-ruff check --select F tiny_lm
+header "2/4: ruff on tiny_lm: pyflakes, 120-character lines, function complexity and length (.ci/lint.py)"
+python .ci/lint.py
 
 header "3/4: nbdev_test (skips cells flagged slow, net, accel)"
 XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE=1 \

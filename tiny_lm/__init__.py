@@ -1,7 +1,9 @@
 __version__ = "0.1.0"
 
-_EXPORTS = {  # name -> module: the package's headline API, imported on first use so `import tiny_lm` does not import JAX
-    "Trainer": "cli", "ModelConfig": "model", "TrainConfig": "train", "DataConfig": "data", "TokenizerConfig": "tokenizer",
+# name -> module: the package's headline API, imported on first use so that `import tiny_lm` does not import JAX
+_EXPORTS = {
+    "Trainer": "run", "RunConfig": "run", "ModelConfig": "model", "TrainConfig": "train", "DataConfig": "data",
+    "TokenizerConfig": "tokenizer",
     "load_checkpoint": "checkpoint", "generate": "generate", "generate_batch": "generate", "evaluate_text": "generate",
     "export_hf": "export", "use_cpu_cores": "parallel",
 }

@@ -27,8 +27,8 @@ from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['STEP_PREFIX', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore',
-           'set_aside', 'best_step', 'publish', 'run_meta', 'restore_weights', 'LoadedRun', 'load_run',
-           'load_checkpoint']
+           'set_aside', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights', 'LoadedRun', 'load_run',
+           'load_checkpoint', 'step_of', 'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -212,7 +212,8 @@ def best_step(ckpt: Checkpointer) -> int | None:
             losses[step] = metrics["val_loss"]
     return min(losses, key=losses.get) if losses else None
 
-def _link_or_copy(src: str, dst: str) -> None:
+def link_or_copy(src: str, dst: str) -> None:
+    "Hard-link `src` to `dst` (no space used), or copy it where links are refused (another disk, some mounts)."
     try:
         os.link(src, dst)
     except OSError:
@@ -224,7 +225,7 @@ def publish(run_dir: str | Path, name: str, step: int) -> Path:
     target, tmp, old = run_dir / name, run_dir / f".{name}.tmp", run_dir / f".{name}.old"
     for leftover in (tmp, old):
         shutil.rmtree(leftover, ignore_errors=True)
-    shutil.copytree(run_dir / f"{STEP_PREFIX}_{step}", tmp / f"{STEP_PREFIX}_{step}", copy_function=_link_or_copy)
+    shutil.copytree(run_dir / f"{STEP_PREFIX}_{step}", tmp / f"{STEP_PREFIX}_{step}", copy_function=link_or_copy)
     for f in ("tokenizer.json", "model_config.json"):
         if (run_dir / f).exists():
             shutil.copy2(run_dir / f, tmp / f)
@@ -237,9 +238,8 @@ def publish(run_dir: str | Path, name: str, step: int) -> Path:
 # %% ../nbs/06_checkpoint.ipynb #82e1ea38
 def _locate(path: Path) -> tuple[Path, int | None]:
     "The run folder and step that `path` names: a run folder (None: its newest step) or a checkpoint_step_N folder."
-    m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)", path.name)
-    if m and path.is_dir():
-        return path.parent, int(m.group(1))
+    if step_of(path.name) is not None and path.is_dir():
+        return path.parent, step_of(path.name)
     if not path.is_dir():
         raise TinyLMError(f"checkpoint folder {path} does not exist: pass the --output-dir of a training run")
     if not any(path.glob(f"{STEP_PREFIX}_*")):  # before Orbax, which would log warnings about a folder that is no run
@@ -337,3 +337,48 @@ def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer
     "Load `(model, tokenizer, model_config)` from a training run's folder or one of its checkpoint_step_N folders (a LoRA run loads its base too)."
     run = load_run(path)
     return run.model, run.tokenizer, run.config
+
+# %% ../nbs/06_checkpoint.ipynb #878ddae0
+def step_of(name: str) -> int | None:
+    "The step of a `checkpoint_step_N` folder name (None for any other name): the one place that parses it."
+    m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)", name)
+    return int(m.group(1)) if m else None
+
+def committed_steps(run_dir: str | Path) -> list[int]:
+    "Steps of the `checkpoint_step_N` folders in `run_dir`, oldest first (empty when it holds no run)."
+    return sorted(s for p in Path(run_dir).glob(f"{STEP_PREFIX}_*") if p.is_dir() and (s := step_of(p.name)) is not None)
+
+def clear_old_checkpoints(run_dir: Path, say=print) -> None:
+    "A new run (`--overwrite`) in the folder of an earlier one replaces its checkpoints."
+    named = (run_dir / "best_checkpoint", run_dir / "final_checkpoint")
+    old = sorted([*run_dir.glob(f"{STEP_PREFIX}_*"), *(p for p in named if p.exists())])
+    if old:
+        say(f"note: --overwrite: this new run replaces the checkpoints of the earlier run in {run_dir} "
+            f"({', '.join(p.name for p in old)})")
+        for p in old:
+            shutil.rmtree(p)
+
+def _readable(path: Path) -> bool:
+    "Whether the step `path` names (a checkpoint_step_N folder, or a run folder's newest step) has a readable record."
+    try:
+        run_meta(path)
+        return True
+    except TinyLMError:
+        return False
+
+def checkpoint_folders(run_dir: Path, damaged: list[int] = ()) -> list[dict]:
+    "Every checkpoint folder of a run: name, step and state (complete, damaged, interrupted save, set aside)."
+    found = []
+    for p in sorted(run_dir.iterdir(), key=lambda p: p.name):
+        m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)(\.orbax-checkpoint-tmp.*|\.damaged.*)?", p.name)
+        if p.is_dir() and m:
+            kind = m.group(2) or ""
+            state = "interrupted save (ignored)" if "tmp" in kind else "damaged (set aside)" if kind else "complete"
+            if state == "complete" and (int(m.group(1)) in damaged or not _readable(p)):
+                state = "damaged (cannot be read)"
+            found.append({"name": p.name, "step": int(m.group(1)), "state": state})
+        elif p.is_dir() and p.name in ("best_checkpoint", "final_checkpoint"):
+            steps = committed_steps(p)
+            state = "empty" if not steps else "complete" if _readable(p) else "damaged (cannot be read)"
+            found.append({"name": p.name, "step": steps[-1] if steps else None, "state": state})
+    return found

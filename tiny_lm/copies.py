@@ -20,7 +20,7 @@ from pathlib import Path
 
 import fsspec
 
-from .checkpoint import STEP_PREFIX, _link_or_copy
+from .checkpoint import STEP_PREFIX, link_or_copy, step_of
 from .tokenizer import TinyLMError
 
 # %% auto #0
@@ -131,7 +131,7 @@ def destination(url: str | Path, options: dict | None = None, secrets=(), like: 
 def _run_root(dest: Destination) -> tuple[Destination, int | None]:
     "The copied run a URL names, and the step when it names one of the run's `checkpoint_step_N` folders."
     head, _, last = dest.url.rstrip("/").rpartition("/")
-    step = _step_of(last)
+    step = step_of(last)
     return (Destination(head, dest.options, dest.secrets) if step is not None else dest), step
 
 # %% ../nbs/06a_copies.ipynb #8e472932
@@ -185,10 +185,6 @@ def check_destination(dest: Destination, run_id: str | None = None, timeout: flo
 # %% ../nbs/06a_copies.ipynb #373a0840
 RETRY_DELAYS = (1, 2, 4, 8, 16)  # seconds before each new attempt at a copy that failed
 
-def _step_of(name: str) -> int | None:
-    m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)", name)
-    return int(m.group(1)) if m else None
-
 def manifest(folder: Path) -> dict:
     "The files under `folder` and their sizes (what `tiny_lm_complete.json` records)."
     return {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE}
@@ -222,7 +218,7 @@ class Mirror:
             time.sleep(0.05)
         snap = self.stage / f"{name}-{uuid.uuid4().hex[:6]}"
         try:
-            shutil.copytree(src, snap, copy_function=_link_or_copy)
+            shutil.copytree(src, snap, copy_function=link_or_copy)
         except (OSError, shutil.Error) as e:  # pruned in the meantime: a newer step supersedes it
             shutil.rmtree(snap, ignore_errors=True)
             if src.exists():
@@ -234,12 +230,12 @@ class Mirror:
         while (job := self.jobs.get()) is not None:
             name, snap = job
             try:
-                step = _step_of(name)
+                step = step_of(name)
                 if step is not None and not self.jobs.empty() and (self.down or not (self.run_dir / name).exists()):
                     continue  # a newer copy is waiting, and this step is pruned from the run already (or the destination is down): skip it
                 if self._retry(lambda: self._copy(name, snap), name):
                     self.copied.append(name)
-                    self.failed = {k: v for k, v in self.failed.items() if _step_of(k) is None or step is None or _step_of(k) > step}
+                    self.failed = {k: v for k, v in self.failed.items() if step_of(k) is None or step is None or step_of(k) > step}
                     self.copy_run_files()
                     if step is not None:
                         self._retry(lambda: self._prune(name), "the pruning of old copies")
@@ -319,8 +315,8 @@ class Mirror:
 
     def _prune(self, just_copied: str | None) -> None:
         "Delete copied steps the run folder no longer holds (Orbax pruned them), except the one just copied and the newest `keep` copies."
-        held = {p.name for p in self.run_dir.glob(f"{STEP_PREFIX}_*") if p.is_dir() and _step_of(p.name) is not None} | {just_copied}
-        copies = sorted((n for n in (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)) if _step_of(n) is not None), key=_step_of)
+        held = {p.name for p in self.run_dir.glob(f"{STEP_PREFIX}_*") if p.is_dir() and step_of(p.name) is not None} | {just_copied}
+        copies = sorted((n for n in (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)) if step_of(n) is not None), key=step_of)
         held |= set(copies[-self.keep:]) if self.keep else set()  # a run resumed into an empty folder holds few steps: keep the copy's older ones
         for name in copies:
             if name not in held:
@@ -348,7 +344,7 @@ def complete_steps(dest: Destination) -> list[int]:
     "Steps with a complete copy at `dest` (their `tiny_lm_complete.json` written last), oldest first."
     fs, root = dest.filesystem()
     markers = fs.glob(f"{root}/{STEP_PREFIX}_*/{COMPLETE}")
-    return sorted(s for m in markers if (s := _step_of(m.rstrip("/").split("/")[-2])) is not None)
+    return sorted(s for m in markers if (s := step_of(m.rstrip("/").split("/")[-2])) is not None)
 
 # %% ../nbs/06a_copies.ipynb #9e195673
 def is_url(path) -> bool:

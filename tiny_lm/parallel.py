@@ -22,7 +22,7 @@ from .tokenizer import TinyLMError
 
 # %% auto #0
 __all__ = ['MESH_AXES', 'SHARDING_RULES', 'cpu_split', 'device_info', 'device_banner', 'make_mesh', 'parse_mesh', 'describe_mesh',
-           'param_spec', 'state_shardings', 'sharded_init', 'replicate', 'state_bytes_per_device',
+           'path_name', 'param_spec', 'state_shardings', 'sharded_init', 'replicate', 'state_bytes_per_device',
            'sharded_memory_bytes', 'choose_mesh', 'batch_sharding', 'batch_put', 'global_put', 'split_batch',
            'usable_cores', 'use_cpu_cores', 'batch_devices', 'cpu_mesh_devices', 'initialize_distributed',
            'is_main_process']
@@ -99,7 +99,7 @@ SHARDING_RULES: tuple[tuple[str, tuple | None], ...] = (
     (r".*", None),  # norm scales, biases, step counters: replicated
 )
 
-def _path_name(path) -> str:
+def path_name(path) -> str:
     "`blocks/0/attn/qkv/kernel` from a pytree key path (NNX's trailing `.value` dropped)."
     keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
     return "/".join(k for k in keys if k != "value")
@@ -113,7 +113,7 @@ def param_spec(name: str, shape: tuple[int, ...], mesh: Mesh, rules=SHARDING_RUL
 
 def state_shardings(state, mesh: Mesh, rules=SHARDING_RULES):
     "A `NamedSharding` for every array of `state` (a model's or optimizer's state, concrete or abstract)."
-    return jax.tree_util.tree_map_with_path(lambda path, x: NamedSharding(mesh, param_spec(_path_name(path), x.shape, mesh, rules)), state)
+    return jax.tree_util.tree_map_with_path(lambda path, x: NamedSharding(mesh, param_spec(path_name(path), x.shape, mesh, rules)), state)
 
 # %% ../nbs/05_parallel.ipynb #977e5fd4
 def sharded_init(create: Callable[[], tuple], mesh: Mesh, rules=SHARDING_RULES) -> tuple:
