@@ -329,7 +329,7 @@ def test_bad_fine_tuning_flags(trained, tmp_path, case):
         "same folder": (["--output-dir", str(out)], "is the run --init-from reads"),
         "rank 0": (["--use-lora", "--lora-rank", "0"], "--lora-rank must be at least 1, got 0: 8 or 16 is usual"),
         "rank too big": (["--use-lora", "--lora-rank", "33"], "between 1 and the model width 32"),
-        "alpha": (["--use-lora", "--lora-alpha", "0"], "--lora-alpha must be positive"),
+        "alpha": (["--use-lora", "--lora-alpha", "0"], "--lora-alpha must be more than 0, got 0.0"),
         "both init and resume": (["--resume-from", str(out)], "give only one of them"),
     }[case]
     before = snapshot(out)
