@@ -51,7 +51,8 @@ def llama_weights(model: Transformer) -> dict[str, np.ndarray]:
         q_DHK, k_DGK, v_DGK = np.split(_f32(block.attn.qkv.kernel), [H * K, (H + G) * K], axis=1)
         layer = {"input_layernorm": _f32(block.attn_norm.scale), "post_attention_layernorm": _f32(block.mlp_norm.scale),
                  "self_attn.q_proj": np.ascontiguousarray(q_DHK.T), "self_attn.k_proj": np.ascontiguousarray(k_DGK.T),
-                 "self_attn.v_proj": np.ascontiguousarray(v_DGK.T), "self_attn.o_proj": _f32(block.attn.out.kernel, True),
+                 "self_attn.v_proj": np.ascontiguousarray(v_DGK.T),
+                 "self_attn.o_proj": _f32(block.attn.out.kernel, True),
                  "mlp.gate_proj": _f32(block.mlp.gate.kernel, True), "mlp.up_proj": _f32(block.mlp.up.kernel, True),
                  "mlp.down_proj": _f32(block.mlp.down.kernel, True)}
         weights |= {f"model.layers.{i}.{name}.weight": w for name, w in layer.items()}
@@ -81,7 +82,8 @@ def _tokenizer_files(tokenizer: Tokenizer, seq_len: int) -> dict[str, dict]:
     eot = _end_of_text(tokenizer)
     special = {} if eot is None else dict.fromkeys(("bos_token", "eos_token"), tokenizer.id_to_token(eot))
     return {"tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
-                                      "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False, **special},
+                                      "clean_up_tokenization_spaces": False, "add_bos_token": False,
+                                      "add_eos_token": False, **special},
             "special_tokens_map.json": special,
             "generation_config.json": {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}}
 
@@ -94,7 +96,8 @@ def _check_out(out: Path, overwrite: bool) -> None:
         if not overwrite:
             raise TinyLMError(f"{out} exists: pass --overwrite to replace it")
         if not (out / "config.json").is_file():
-            raise TinyLMError(f"{out} is not a model folder (it has no config.json), so --overwrite does not replace it: pass a new folder as --out")
+            raise TinyLMError(f"{out} is not a model folder (it has no config.json), "
+                              "so --overwrite does not replace it: pass a new folder as --out")
 
 def save_hf(model: Transformer, tokenizer: Tokenizer, out: str | Path, overwrite: bool = False) -> Path:
     "Write `model` and `tokenizer` as a Hugging Face Llama folder `out`, built beside it and renamed into place."
@@ -120,7 +123,8 @@ def save_hf(model: Transformer, tokenizer: Tokenizer, out: str | Path, overwrite
     return out
 
 def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> Path:
-    "Export a run folder or one of its checkpoint_step_N folders as a Hugging Face Llama folder `out`; returns its path."
+    """Export a run folder or one of its checkpoint_step_N folders as a Hugging Face Llama folder `out`;
+    returns its path."""
     check_exportable(ModelConfig.from_dict(run_meta(checkpoint)[2]["config"]["model"]))  # before loading any weight
     _check_out(Path(out).expanduser().absolute(), overwrite)
     model, tokenizer, _ = load_checkpoint(checkpoint)

@@ -28,7 +28,8 @@ __all__ = ['DECODE_CHUNK', 'filter_logits', 'sample_token', 'candidates', 'sampl
 
 # %% ../nbs/07_generate.ipynb #6e6f1dd2
 def filter_logits(logits_V: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
-    "Scale by temperature, then mask all but the top-k tokens and the top-p nucleus (`top_k=0`, `top_p=1` disable them)."
+    """Scale by temperature, then mask all but the top-k tokens and the top-p nucleus
+    (`top_k=0`, `top_p=1` disable them)."""
     logits_V = logits_V / jnp.maximum(temperature, 1e-6)
     sorted_V = jnp.sort(logits_V)[::-1]
     kth = sorted_V[jnp.clip(top_k, 1, logits_V.shape[-1]) - 1]
@@ -44,18 +45,22 @@ def sample_token(logits_V: jax.Array, key: jax.Array, temperature: float, top_k:
     return jnp.where(temperature > 0, sampled, jnp.argmax(logits_V))
 
 # %% ../nbs/07_generate.ipynb #bd088f29
-def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p, nucleus: bool) -> tuple[jax.Array, jax.Array | None]:
-    "`filter_logits` for a batch without a full sort: scaled logits `[B, C]` of the top-k tokens (all when 0), most likely first, -inf outside the nucleus, and their ids (None: all tokens, in order)."
+def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
+               nucleus: bool) -> tuple[jax.Array, jax.Array | None]:
+    """`filter_logits` for a batch without a full sort: scaled logits `[B, C]` of the top-k tokens (all when 0),
+    most likely first, -inf outside the nucleus, and their ids (None: all tokens, in order)."""
     if not (top_k or nucleus):
         return logits_BV / temperature, None
-    z_BC, ids_BC = jax.lax.top_k(logits_BV / temperature, min(top_k, logits_BV.shape[-1]) if top_k else logits_BV.shape[-1])
+    z_BC, ids_BC = jax.lax.top_k(logits_BV / temperature,
+                                 min(top_k, logits_BV.shape[-1]) if top_k else logits_BV.shape[-1])
     if nucleus:
         probs_BC = jax.nn.softmax(z_BC, axis=-1)
         mass_before_BC = jnp.cumsum(probs_BC, axis=-1) - probs_BC
         z_BC = jnp.where(mass_before_BC < top_p, z_BC, -jnp.inf)
     return z_BC, ids_BC
 
-def sample_rows(logits_BV: jax.Array, key: jax.Array, temperature, top_p, greedy: bool, top_k: int, nucleus: bool) -> jax.Array:
+def sample_rows(logits_BV: jax.Array, key: jax.Array, temperature, top_p, greedy: bool, top_k: int,
+                nucleus: bool) -> jax.Array:
     "One token id per row; `greedy`, `top_k` and `nucleus` (top-p < 1) must be static: `sampling_mode` gives them."
     if greedy:
         return jnp.argmax(logits_BV, axis=-1)
@@ -72,7 +77,8 @@ def sampling_mode(temperature: float, top_k: int, top_p: float) -> dict:
 DECODE_CHUNK = 16  # decode steps per compiled call: the host checks stops and streams text between calls
 
 def _window_start(start: int, n: int, seq_len: int) -> int:
-    "Where the context of the token after the first `n` begins: `start` until the window is full, then half a window back from `n`."
+    """Where the context of the token after the first `n` begins: `start` until the window is full,
+    then half a window back from `n`."""
     return start if n - start <= seq_len else n - max(1, seq_len // 2)
 
 # %% ../nbs/07_generate.ipynb #8ea34347
@@ -93,7 +99,8 @@ def cached_attention(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, po
     return jnp.einsum("bgjts,bsgk->btgjk", probs_BGJTS, v_BSGK).reshape(B, T, H, K)
 
 def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], start) -> tuple[jax.Array, list[dict]]:
-    "Logits `[B, T, V]` of tokens at window positions `start … start+T−1`, with their keys and values written into `cache`."
+    """Logits `[B, T, V]` of tokens at window positions `start … start+T−1`,
+    with their keys and values written into `cache`."""
     B, T = tokens_BT.shape
     positions_T = start + jnp.arange(T)
     x_BTD, rope_TK = model.inputs(tokens_BT, positions_T)
@@ -110,7 +117,8 @@ def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], 
 
 @lru_cache(maxsize=8)
 def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable, Callable]:
-    "The compiled steps for one model structure: `(prefill, decode, reference)`, taking the state as its flat list of arrays."
+    """The compiled steps for one model structure: `(prefill, decode, reference)`,
+    taking the state as its flat list of arrays."""
     # Made once per generate call, not per token: hashing a graph definition, or flattening the nested state, costs
     # a good part of a decode step on a CPU.
     def prefill(leaves, cache, tokens_BT, last, key, n, temperature, top_p, **mode):
@@ -120,7 +128,8 @@ def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable, Callabl
         return sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode), cache
 
     def decode(leaves, cache, token_B, position, key, n, steps, temperature, top_p, **mode):
-        "`steps` (at most `DECODE_CHUNK`) decode steps in one call: tokens `n`, `n+1`, ..., each from the one before it."
+        """`steps` (at most `DECODE_CHUNK`) decode steps in one call: tokens `n`, `n+1`, ...,
+        each from the one before it."""
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
         def one(i, carry):
             cache, token_B, new_BK = carry
@@ -137,12 +146,14 @@ def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable, Callabl
         return sample_rows(logits_BV, jax.random.fold_in(key, n), temperature, top_p, **mode)
 
     static = ("greedy", "top_k", "nucleus")
-    return (jax.jit(prefill, static_argnames=static, donate_argnums=1), jax.jit(decode, static_argnames=static, donate_argnums=1),
+    return (jax.jit(prefill, static_argnames=static, donate_argnums=1),
+            jax.jit(decode, static_argnames=static, donate_argnums=1),
             jax.jit(reference, static_argnames=static))
 
 # %% ../nbs/07_generate.ipynb #2c42a4b6
 class _Text:
-    "One sample's generated text, decoded as tokens arrive, cut at the first stop string, passed on to `emit` once final."
+    """One sample's generated text, decoded as tokens arrive, cut at the first stop string,
+    passed on to `emit` once final."""
     def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], emit=None):
         self.tokenizer, self.stop, self.emit = tokenizer, stop, emit
         self.ids, self.text, self.sent, self.done = [], "", 0, False
@@ -169,14 +180,17 @@ class _Text:
             self.sent = final
 
     def _settled(self, text: str) -> int:
-        "How much of `text` can no longer change: not a trailing partial character, nor a possible start of a stop string."
+        """How much of `text` can no longer change: not a trailing partial character,
+        nor a possible start of a stop string."""
         text = text.rstrip("\ufffd")
-        held = [next((k for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])), 0) for s in self.stop]
+        held = [next((k for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])), 0)
+                for s in self.stop]
         return len(text) - max(held, default=0)
 
 # %% ../nbs/07_generate.ipynb #c1fce38f
 def _prompt_ids(tokenizer: Tokenizer, prompt: str, seq_len: int) -> list[int]:
-    "The prompt's token ids (an empty prompt starts a new document), cut to the window's last `seq_len` tokens with a warning."
+    """The prompt's token ids (an empty prompt starts a new document),
+    cut to the window's last `seq_len` tokens with a warning."""
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids or document_separator(tokenizer)[0] or [0]
     if len(ids) > seq_len:
         print(f"warning: the prompt is {len(ids)} tokens but the model's window is {seq_len}: "
@@ -184,7 +198,8 @@ def _prompt_ids(tokenizer: Tokenizer, prompt: str, seq_len: int) -> list[int]:
     return ids[-seq_len:]
 
 def _placement(state: nnx.State, batch: int):
-    "The model's state and a `put` for `[B, ...]` arrays: rows split over every device when they divide evenly, else one device."
+    """The model's state and a `put` for `[B, ...]` arrays:
+    rows split over every device when they divide evenly, else one device."""
     n = jax.device_count()
     if n == 1 or batch % n or jax.process_count() > 1:
         return state, lambda x: x, None  # NumPy arrays go to the compiled step as they are: the cheapest transfer
@@ -196,7 +211,8 @@ def check_sampling(temperature: float, top_k: int, top_p: float, max_new_tokens:
     "Raise a one-line `TinyLMError` for settings outside their ranges."
     for bad, message in [(temperature < 0, f"--temperature must be 0 (greedy) or more, got {temperature}"),
                          (top_k < 0, f"--top-k must be 0 (all tokens) or more, got {top_k}"),
-                         (not 0 < top_p <= 1, f"--top-p must be in (0, 1], got {top_p}: 1 keeps every token, 0.9 is usual"),
+                         (not 0 < top_p <= 1,
+                          f"--top-p must be in (0, 1], got {top_p}: 1 keeps every token, 0.9 is usual"),
                          (max_new_tokens < 0, f"--max-tokens must be 0 or more, got {max_new_tokens}"),
                          (num_samples < 1, f"--num-samples must be at least 1, got {num_samples}")]:
         if bad:
@@ -219,7 +235,9 @@ def generate_batch(
     "`num_samples` continuations of the prompt, each the prompt followed by up to `max_new_tokens` sampled tokens."
     check_sampling(temperature, top_k, top_p, max_new_tokens, num_samples)
     separator = document_separator(tokenizer)[0]  # <|endoftext|>, or a brought tokenizer's own end-of-text
-    eot = separator[0] if stop_at_eot and len(separator) == 1 and tokenizer.id_to_token(separator[0]) in END_OF_TEXT_TOKENS else None
+    eot = (separator[0]
+           if stop_at_eot and len(separator) == 1 and tokenizer.id_to_token(separator[0]) in END_OF_TEXT_TOKENS
+           else None)
     T, B = model.cfg.seq_len, num_samples
     ids = _prompt_ids(tokenizer, prompt, T)
     tokens_BN = np.zeros((B, len(ids) + max_new_tokens), np.int32)
@@ -233,15 +251,19 @@ def generate_batch(
     n, end = len(ids), len(ids) + max_new_tokens
     while n < end and not all(t.done for t in texts):
         start, jumped = _window_start(start, n, T), n - start > T
-        if use_cache and cache is not None and not jumped:  # decode: as many tokens as fit in the window, a chunk per call
+        if use_cache and cache is not None and not jumped:
+            # decode: as many tokens as fit in the window, a chunk per call
             k = min(DECODE_CHUNK, end - n, T - (n - start) + 1)
-            new_BK, cache = decode_steps(state, cache, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k, temperature, top_p, **mode)
+            new_BK, cache = decode_steps(state, cache, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k,
+                                         temperature, top_p, **mode)
         else:  # the whole window: the reference step, or a prefill (padded to a power of two: a few compilations)
-            window_BT = np.zeros((B, T if not use_cache else min(T, max(16, 1 << (n - start - 1).bit_length()))), np.int32)
+            window_BT = np.zeros((B, T if not use_cache else min(T, max(16, 1 << (n - start - 1).bit_length()))),
+                                 np.int32)
             window_BT[:, :n - start] = tokens_BN[:, start:n]
             if use_cache:
                 cache = init_cache(model.cfg, B, rows) if cache is None else cache
-                new_B, cache = prefill_step(state, cache, put(window_BT), n - 1 - start, key, n, temperature, top_p, **mode)
+                new_B, cache = prefill_step(state, cache, put(window_BT), n - 1 - start, key, n, temperature, top_p,
+                                            **mode)
             else:
                 new_B = reference_step(state, put(window_BT), n - 1 - start, key, n, temperature, top_p, **mode)
             new_BK, k = new_B[:, None], 1  # token n's key is fold_in(key, n) on every path: the same draws
@@ -252,20 +274,23 @@ def generate_batch(
                     text.end() if token == eot else text.add(token)
     return [prompt + (t.text if t.done else t.end()) for t in texts]
 
-def generate(model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 100, temperature: float = 0.8,
-             top_k: int = 50, top_p: float = 1.0, seed: int = 0, stop_at_eot: bool = True, stop: Sequence[str] = (),
-             use_cache: bool = True, on_text: Callable[[str], None] | None = None) -> str:
-    "The prompt followed by up to `max_new_tokens` sampled tokens (one sample of `generate_batch`; `on_text` gets its pieces)."
-    return generate_batch(model, tokenizer, prompt, 1, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eot, stop,
-                          use_cache, on_text and (lambda i, piece: on_text(piece)))[0]
+def generate(model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 100,
+             temperature: float = 0.8, top_k: int = 50, top_p: float = 1.0, seed: int = 0, stop_at_eot: bool = True,
+             stop: Sequence[str] = (), use_cache: bool = True, on_text: Callable[[str], None] | None = None) -> str:
+    """The prompt followed by up to `max_new_tokens` sampled tokens
+    (one sample of `generate_batch`; `on_text` gets its pieces)."""
+    return generate_batch(model, tokenizer, prompt, 1, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eot,
+                          stop, use_cache, on_text and (lambda i, piece: on_text(piece)))[0]
 
 # %% ../nbs/07_generate.ipynb #c1a6d909
-def _scored_stream(documents: Iterable[str], tokenizer: Tokenizer, separator: str, max_tokens: int | None, max_documents: int | None):
+def _scored_stream(documents: Iterable[str], tokenizer: Tokenizer, separator: str, max_tokens: int | None,
+                   max_documents: int | None):
     "The token stream of the documents, which of its tokens are scored, the bytes they encode, and the documents read."
     context = document_separator(tokenizer)[0]
     ids, scored, n_bytes, n_docs = list(context), [False] * len(context), 0, 0
     for doc in documents:
-        if (max_documents is not None and n_docs >= max_documents) or (max_tokens is not None and len(ids) >= max_tokens):
+        if ((max_documents is not None and n_docs >= max_documents)
+                or (max_tokens is not None and len(ids) >= max_tokens)):
             break
         text = doc if separator == EOT else doc + separator
         doc_ids = tokenizer.encode(text, add_special_tokens=False).ids
@@ -277,7 +302,8 @@ def _scored_stream(documents: Iterable[str], tokenizer: Tokenizer, separator: st
     return np.array(ids, np.int32), np.array(scored, bool), n_bytes, n_docs
 
 def _windows(ids: np.ndarray, scored: np.ndarray, seq_len: int, stride: int, batch_size: int):
-    "Batches `(inputs, targets, weights)` of `[batch_size, seq_len]` windows; each target is weighted 1 in exactly one window."
+    """Batches `(inputs, targets, weights)` of `[batch_size, seq_len]` windows;
+    each target is weighted 1 in exactly one window."""
     starts = range(0, max(len(ids) - 1 - seq_len, 0) + stride, stride)
     rows, done = [], 0
     for s in starts:
@@ -307,12 +333,15 @@ def _nll_sum(graphdef: nnx.GraphDef) -> Callable:
 # %% ../nbs/07_generate.ipynb #644f501c
 def evaluate_text(
     model: Transformer, tokenizer: Tokenizer, documents: Iterable[str],
-    separator: str = EOT,  # EOT: documents follow the end-of-text token (context, not scored); else text appended to each (scored)
-    max_tokens: int | None = None,  # stop reading documents once the stream holds this many tokens (whole documents only)
+    # EOT: documents follow the end-of-text token (context, not scored); else text appended to each (scored)
+    separator: str = EOT,
+    # stop reading documents once the stream holds this many tokens (whole documents only)
+    max_tokens: int | None = None,
     max_documents: int | None = None,  # read at most this many documents
     stride: int | None = None,  # tokens between window starts (None: half the window)
     batch_size: int = 16,  # windows per compiled call
-    put: Callable = lambda x: x,  # places a `[B, T]` batch on the model's devices (05_parallel's `global_put` on a mesh)
+    # places a `[B, T]` batch on the model's devices (05_parallel's `global_put` on a mesh)
+    put: Callable = lambda x: x,
 ) -> dict:
     "Mean loss (nats per token), perplexity and bits per byte of the model on the documents, every token scored once."
     T = model.cfg.seq_len
@@ -330,4 +359,5 @@ def evaluate_text(
     loss = nll / tokens
     return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": nll / math.log(2) / n_bytes, "tokens": tokens,
             "bytes": n_bytes, "documents": n_docs,
-            "windows": f"{T} tokens advancing by {stride}: every token scored once, after the first window with at least {T - stride} tokens of left context"}
+            "windows": f"{T} tokens advancing by {stride}: every token scored once, "
+                       f"after the first window with at least {T - stride} tokens of left context"}

@@ -52,15 +52,18 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise TinyLMError(f"model {name} must be positive, got {getattr(self, name)}")
         if self.d_model % self.n_head:
-            raise TinyLMError(f"--d-model {self.d_model} is not divisible by --num-heads {self.n_head}: pick a width that is a multiple of the head count")
+            raise TinyLMError(f"--d-model {self.d_model} is not divisible by --num-heads {self.n_head}: "
+                              "pick a width that is a multiple of the head count")
         if self.activation not in _ACTIVATIONS:
             raise TinyLMError(f"--activation {self.activation!r} is unknown: choose one of {', '.join(_ACTIVATIONS)}")
         if self.attention not in ATTENTION_KERNELS:
             raise TinyLMError(f"attention {self.attention!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
         if not 0 <= self.dropout_rate < 1:
-            raise TinyLMError(f"--dropout-rate must be in [0, 1), got {self.dropout_rate}: 0 disables dropout, 0.1 is usual for small data")
+            raise TinyLMError(f"--dropout-rate must be in [0, 1), got {self.dropout_rate}: "
+                              "0 disables dropout, 0.1 is usual for small data")
         if not 0 <= self.lora_rank <= self.d_model:
-            raise TinyLMError(f"--lora-rank must be between 1 and the model width {self.d_model} (0: no adapters), got {self.lora_rank}: 8 or 16 is usual")
+            raise TinyLMError(f"--lora-rank must be between 1 and the model width {self.d_model} (0: no adapters), "
+                              f"got {self.lora_rank}: 8 or 16 is usual")
         if self.lora_alpha is not None and self.lora_alpha <= 0:
             raise TinyLMError(f"--lora-alpha must be positive, got {self.lora_alpha}")
         for name in ("dtype", "param_dtype"):
@@ -69,7 +72,8 @@ class ModelConfig:
         if self.n_kv_head is None:  # resolve the default so the saved config names the real count
             object.__setattr__(self, "n_kv_head", self.n_head)
         if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
-            raise TinyLMError(f"--num-kv-heads {self.n_kv_head} does not divide --num-heads {self.n_head}: use a divisor of {self.n_head} (1 is multi-query attention)")
+            raise TinyLMError(f"--num-kv-heads {self.n_kv_head} does not divide --num-heads {self.n_head}: "
+                              f"use a divisor of {self.n_head} (1 is multi-query attention)")
         if self.d_ff is None:  # resolve the default so the saved config names the real width
             d_ff = 64 * math.ceil(8 * self.d_model / 3 / 64) if self.use_swiglu else 4 * self.d_model
             object.__setattr__(self, "d_ff", d_ff)
@@ -108,7 +112,8 @@ def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
 # %% ../nbs/01_model.ipynb #056cee0e
 @jax.custom_vjp
 def cpu_matmul(x_MI: jax.Array, w_IO: jax.Array) -> jax.Array:
-    "`x·W`, whose gradient computes a narrowing weight's `xᵀ·dy` as `(dyᵀ·x)ᵀ`, the orientation XLA's CPU matmul runs fastest."
+    """`x·W`, whose gradient computes a narrowing weight's `xᵀ·dy` as `(dyᵀ·x)ᵀ`,
+    the orientation XLA's CPU matmul runs fastest."""
     return x_MI @ w_IO
 
 def _cpu_matmul_fwd(x_MI, w_IO):
@@ -129,7 +134,8 @@ class Linear(nnx.Linear):
     def __init__(self, d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None):
         dtypes = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype])
         super().__init__(d_in, d_out, use_bias=False, kernel_init=init or _init(), rngs=rngs, **dtypes)
-        self.lora = nnx.LoRA(d_in, cfg.lora_rank, d_out, rngs=rngs, **dtypes) if cfg.lora_rank else None  # B starts at zero
+        # B starts at zero
+        self.lora = nnx.LoRA(d_in, cfg.lora_rank, d_out, rngs=rngs, **dtypes) if cfg.lora_rank else None
         self.lora_scale = cfg.lora_scale
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -164,8 +170,10 @@ def _cudnn_ok(cfg: ModelConfig, device) -> bool:
     return (device.platform == "gpu" and cc >= 8.0 and cfg.dtype in ("bfloat16", "float16")
             and cfg.head_dim % 8 == 0 and cfg.head_dim <= (256 if cc >= 9.0 else 128))
 
-def attention_implementation(cfg: ModelConfig, seq_len: int | None = None, device=None, n_devices: int | None = None) -> str:
-    "The kernel attention runs with on `device` (default: this machine's): 'cudnn', 'splash' or 'xla' (see the table above)."
+def attention_implementation(cfg: ModelConfig, seq_len: int | None = None, device=None,
+                             n_devices: int | None = None) -> str:
+    """The kernel attention runs with on `device` (default: this machine's): 'cudnn', 'splash' or 'xla'
+    (see the table above)."""
     device = device or jax.devices()[0]
     n_devices = n_devices or jax.device_count()
     T = seq_len or cfg.seq_len
@@ -196,7 +204,8 @@ def describe_attention(cfg: ModelConfig) -> str:
     return f"attention: {_KERNEL_NAMES[kernel]} ({why})"
 
 # %% ../nbs/01_model.ipynb #cd388b77
-def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, interpret: bool | None = None) -> jax.Array:
+def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array,
+                     interpret: bool | None = None) -> jax.Array:
     "Causal attention with the Pallas TPU splash kernel (interpreted off a TPU); T must be a multiple of 128."
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -207,7 +216,8 @@ def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, in
                           block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
     mask = sm.MultiHeadMask([sm.CausalMask((T, T)) for _ in range(H // G)])
     interpret = jax.devices()[0].platform != "tpu" if interpret is None else interpret
-    kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)  # J = H/G query heads per kv head
+    # J = H/G query heads per kv head
+    kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
     q_BGJTK = (q_BTHK / math.sqrt(K)).reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4)
     k_BGTK, v_BGTK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
     y_BGJTK = jax.vmap(jax.vmap(kernel))(q_BGJTK, k_BGTK, v_BGTK)
@@ -227,8 +237,10 @@ class Attention(nnx.Module):
         self.qkv = _linear(cfg.d_model, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, cfg, rngs)
         self.out = _linear(cfg.d_model, cfg.d_model, cfg, rngs, init=_residual_init(cfg))
 
-    def heads(self, x_BTD: jax.Array, rope_TK: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        "Queries `[B, T, H, K]`, keys and values `[B, T, G, K]`, rotated when `rope_TK` is given (the KV cache stores these keys)."
+    def heads(self, x_BTD: jax.Array,
+              rope_TK: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries `[B, T, H, K]`, keys and values `[B, T, G, K]`, rotated when `rope_TK` is given
+        (the KV cache stores these keys)."""
         B, T, _ = x_BTD.shape
         H, G = self.cfg.n_head, self.cfg.n_kv_head
         qkv_BTNK = self.qkv(x_BTD).reshape(B, T, H + 2 * G, self.cfg.head_dim)  # N = H + 2G heads
@@ -269,7 +281,8 @@ class Block(nnx.Module):
 
     def __call__(self, x_BTD: jax.Array, rope_TK, dropout_key: jax.Array | None = None) -> jax.Array:
         attn_key, mlp_key = _split(dropout_key, 2)
-        x_BTD = x_BTD + self.dropout(self.attn(self.attn_norm(x_BTD), rope_TK), deterministic=attn_key is None, rngs=attn_key)
+        x_BTD = x_BTD + self.dropout(self.attn(self.attn_norm(x_BTD), rope_TK),
+                                     deterministic=attn_key is None, rngs=attn_key)
         return x_BTD + self.dropout(self.mlp(self.mlp_norm(x_BTD)), deterministic=mlp_key is None, rngs=mlp_key)
 
 # %% ../nbs/01_model.ipynb #594efda0
@@ -279,7 +292,8 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         dtypes = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype])
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=_init(), rngs=rngs, **dtypes)
-        self.pos_embed = None if cfg.use_rope else nnx.Embed(cfg.seq_len, cfg.d_model, embedding_init=_init(), rngs=rngs, **dtypes)
+        self.pos_embed = (None if cfg.use_rope else
+                          nnx.Embed(cfg.seq_len, cfg.d_model, embedding_init=_init(), rngs=rngs, **dtypes))
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layer)])
         self.norm = _norm(cfg, rngs)
         head_cfg = replace(cfg, lora_rank=0)  # adapters go on attention and the MLP, not on an untied output layer
@@ -299,7 +313,8 @@ class Transformer(nnx.Module):
         return self.logits(x_BTD)
 
     def inputs(self, tokens_BT: jax.Array, positions_T: jax.Array) -> tuple[jax.Array, tuple | None]:
-        "The residual stream's start `[B, T, D]` (token embeddings, plus learned positions) and the RoPE angles of `positions_T` (None without RoPE)."
+        """The residual stream's start `[B, T, D]` (token embeddings, plus learned positions)
+        and the RoPE angles of `positions_T` (None without RoPE)."""
         x_BTD = self.embed(tokens_BT)
         if self.pos_embed is not None:
             x_BTD = x_BTD + self.pos_embed(positions_T)[None]
@@ -313,21 +328,24 @@ class Transformer(nnx.Module):
 
 # %% ../nbs/01_model.ipynb #44e13939
 def count_params(model: nnx.Module, wrt=nnx.Param) -> int:
-    "Number of parameters of kind `wrt` in `model` (default: all of them, adapters included; `nnx.LoRAParam`: adapters only)."
+    """Number of parameters of kind `wrt` in `model`
+    (default: all of them, adapters included; `nnx.LoRAParam`: adapters only)."""
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, wrt)))
 
 # %% ../nbs/01_model.ipynb #a2ab7de5
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 
 def default_precision(device=None) -> str:
-    "The compute dtype for `device` (default: this machine's first): 'bfloat16' on TPUs and GPUs of compute capability ≥ 8.0, else 'float32'."
+    """The compute dtype for `device` (default: this machine's first):
+    'bfloat16' on TPUs and GPUs of compute capability ≥ 8.0, else 'float32'."""
     device = device or jax.devices()[0]
     cc = float(getattr(device, "compute_capability", 0) or 0)
     return "bfloat16" if device.platform == "tpu" or (device.platform == "gpu" and cc >= 8.0) else "float32"
 
 # %% ../nbs/01_model.ipynb #2f056b89
 def add_lora(model: Transformer, rank: int, alpha: float | None = None, seed: int = 0) -> Transformer:
-    "A copy of `model` with fresh LoRA adapters of rank `rank` on every projection; it computes the same logits until trained."
+    """A copy of `model` with fresh LoRA adapters of rank `rank` on every projection;
+    it computes the same logits until trained."""
     adapted = Transformer(replace(model.cfg, lora_rank=rank, lora_alpha=alpha), rngs=nnx.Rngs(seed))
     nnx.update(adapted, nnx.state(model, nnx.Not(nnx.LoRAParam)))
     return adapted
@@ -340,5 +358,6 @@ def merge_lora(model: Transformer) -> Transformer:
     for path, m in nnx.iter_modules(merged):
         if path in adapted:
             a = adapted[path]
-            m.kernel[...] = a.kernel[...] + a.lora_scale * (a.lora.lora_a[...] @ a.lora.lora_b[...]).astype(a.kernel.dtype)
+            m.kernel[...] = (a.kernel[...]
+                             + a.lora_scale * (a.lora.lora_a[...] @ a.lora.lora_b[...]).astype(a.kernel.dtype))
     return merged

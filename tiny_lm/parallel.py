@@ -35,21 +35,24 @@ def cpu_split() -> int:
     return _cpu_split if _cpu_split > 1 and jax.default_backend() == "cpu" else 0
 
 def device_info() -> dict:
-    "Backend, device count, device kind and device names of the run's devices (every process's), and the process layout."
+    """Backend, device count, device kind and device names of the run's devices (every process's),
+    and the process layout."""
     devices = jax.devices()
     return {"backend": jax.default_backend(), "num_devices": len(devices),
             "device_type": devices[0].device_kind, "devices": [str(d) for d in devices],
-            "process_count": jax.process_count(), "local_devices": jax.local_device_count(), "cpu_cores_as_devices": cpu_split()}
+            "process_count": jax.process_count(), "local_devices": jax.local_device_count(),
+            "cpu_cores_as_devices": cpu_split()}
 
 def device_banner(info: dict | None = None) -> str:
     "The few lines a run prints first: which hardware it is about to use."
     info = info or device_info()
     bar = "=" * 60
     hosts = f" on {info['process_count']} processes" if info.get("process_count", 1) > 1 else ""
-    lines = [bar, f"JAX {jax.__version__} | backend: {info['backend']} | {info['num_devices']} × {info['device_type']}{hosts}"]
+    lines = [bar, f"JAX {jax.__version__} | backend: {info['backend']} | "
+                  f"{info['num_devices']} × {info['device_type']}{hosts}"]
     if info["backend"] == "cpu" and info.get("cpu_cores_as_devices"):
-        lines.append(f"No accelerator found: training on the CPU, split into {info['cpu_cores_as_devices']} devices that share "
-                     "each batch (fine for the tiny preset).")
+        lines.append(f"No accelerator found: training on the CPU, split into {info['cpu_cores_as_devices']} devices "
+                     "that share each batch (fine for the tiny preset).")
     elif info["backend"] == "cpu" and info["num_devices"] == 1:
         lines.append("No accelerator found: training on the CPU (fine for the tiny preset).")
     return "\n".join(lines + [bar])
@@ -62,18 +65,21 @@ def make_mesh(data: int | None = None, fsdp: int = 1) -> Mesh:
     devices = jax.devices()
     data = data or max(len(devices) // fsdp, 1)
     if data * fsdp > len(devices):
-        raise TinyLMError(f"a mesh of data={data} × fsdp={fsdp} needs {data * fsdp} devices but only {len(devices)} are visible")
+        raise TinyLMError(f"a mesh of data={data} × fsdp={fsdp} needs {data * fsdp} devices "
+                          f"but only {len(devices)} are visible")
     return jax.make_mesh((data, fsdp), MESH_AXES, axis_types=(AxisType.Auto,) * 2,
                          **({} if data * fsdp == len(devices) else {"devices": devices[:data * fsdp]}))
 
 def parse_mesh(spec: str, num_devices: int) -> dict[str, int]:
-    "`'data=N,fsdp=M'` (one may be left out: it gets the remaining devices) as `{'data': N, 'fsdp': M}`, checked against `num_devices`."
+    """`'data=N,fsdp=M'` (one may be left out: it gets the remaining devices) as `{'data': N, 'fsdp': M}`,
+    checked against `num_devices`."""
     example = f"e.g. --mesh data={num_devices},fsdp=1 (replicated) or --mesh data=1,fsdp={num_devices} (fully sharded)"
     sizes = {}
     for part in spec.split(","):
         name, _, value = part.strip().partition("=")
         if name not in MESH_AXES or name in sizes or not value.isdigit() or int(value) < 1:
-            raise TinyLMError(f"--mesh {spec!r} is not of the form data=N,fsdp=M with positive whole numbers: {example}")
+            raise TinyLMError(f"--mesh {spec!r} is not of the form data=N,fsdp=M with positive whole numbers: "
+                              f"{example}")
         sizes[name] = int(value)
     for name, other in [("data", "fsdp"), ("fsdp", "data")]:
         if name not in sizes:
@@ -105,7 +111,8 @@ def path_name(path) -> str:
     return "/".join(k for k in keys if k != "value")
 
 def param_spec(name: str, shape: tuple[int, ...], mesh: Mesh, rules=SHARDING_RULES) -> P:
-    "The `PartitionSpec` of the array at path `name` with `shape`: the first matching rule, minus axes that do not divide."
+    """The `PartitionSpec` of the array at path `name` with `shape`: the first matching rule,
+    minus axes that do not divide."""
     spec = next(spec for pattern, spec in rules if re.search(pattern, name))
     if spec is None or len(spec) != len(shape):
         return P()
@@ -113,7 +120,8 @@ def param_spec(name: str, shape: tuple[int, ...], mesh: Mesh, rules=SHARDING_RUL
 
 def state_shardings(state, mesh: Mesh, rules=SHARDING_RULES):
     "A `NamedSharding` for every array of `state` (a model's or optimizer's state, concrete or abstract)."
-    return jax.tree_util.tree_map_with_path(lambda path, x: NamedSharding(mesh, param_spec(path_name(path), x.shape, mesh, rules)), state)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, param_spec(path_name(path), x.shape, mesh, rules)), state)
 
 # %% ../nbs/05_parallel.ipynb #977e5fd4
 def sharded_init(create: Callable[[], tuple], mesh: Mesh, rules=SHARDING_RULES) -> tuple:
@@ -143,8 +151,10 @@ def sharded_memory_bytes(cfg: ModelConfig, per_device_batch: int, fsdp: int = 1)
     memory = train_memory_bytes(cfg, per_device_batch)
     return (memory["parameters"] + memory["gradients"] + memory["optimizer"]) / fsdp + memory["activations"]
 
-def choose_mesh(cfg: ModelConfig, per_device_batch: int, num_devices: int, device_memory: int, headroom: float = 0.9) -> dict[str, int]:
-    "`{'data': N, 'fsdp': M}`: replicated if the training state fits one device, else the smallest `fsdp` that fits (all devices if none does)."
+def choose_mesh(cfg: ModelConfig, per_device_batch: int, num_devices: int, device_memory: int,
+                headroom: float = 0.9) -> dict[str, int]:
+    """`{'data': N, 'fsdp': M}`: replicated if the training state fits one device,
+    else the smallest `fsdp` that fits (all devices if none does)."""
     for fsdp in (f for f in range(1, num_devices + 1) if num_devices % f == 0):
         if sharded_memory_bytes(cfg, per_device_batch, fsdp) <= headroom * device_memory:
             return {"data": num_devices // fsdp, "fsdp": fsdp}
@@ -156,12 +166,14 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(MESH_AXES))
 
 def batch_put(mesh: Mesh) -> Callable[[np.ndarray], jax.Array]:
-    "A `put` for `fit`: this process's `[B_local, T]` rows of a training batch -> the global `[B_local × processes, T]` array on `mesh`."
+    """A `put` for `fit`: this process's `[B_local, T]` rows of a training batch
+    -> the global `[B_local × processes, T]` array on `mesh`."""
     sharding = batch_sharding(mesh)
     return lambda local_BT: jax.make_array_from_process_local_data(sharding, local_BT)
 
 def global_put(mesh: Mesh) -> Callable[[np.ndarray], jax.Array]:
-    "A `put` for arrays every process holds whole (validation batches): split over the devices when the rows divide, else replicated."
+    """A `put` for arrays every process holds whole (validation batches):
+    split over the devices when the rows divide, else replicated."""
     def put(batch_BT: np.ndarray) -> jax.Array:
         sharding = batch_sharding(mesh) if len(batch_BT) % mesh.devices.size == 0 else NamedSharding(mesh, P())
         return jax.make_array_from_callback(batch_BT.shape, sharding, lambda index: batch_BT[index])
@@ -172,8 +184,9 @@ def split_batch(global_batch: int, num_devices: int) -> int:
     if global_batch % num_devices:
         lower, upper = global_batch // num_devices * num_devices, (global_batch // num_devices + 1) * num_devices
         sizes = " or ".join(str(s) for s in (lower, upper) if s > 0)
-        raise TinyLMError(f"a global batch of {global_batch} sequences does not split over {num_devices} devices: use {sizes} "
-                          f"(--batch-size is per device: --batch-size {max(lower, num_devices) // num_devices} gives {max(lower, num_devices)})")
+        raise TinyLMError(f"a global batch of {global_batch} sequences does not split over {num_devices} devices: "
+                          f"use {sizes} (--batch-size is per device: "
+                          f"--batch-size {max(lower, num_devices) // num_devices} gives {max(lower, num_devices)})")
     return global_batch // num_devices
 
 # %% ../nbs/05_parallel.ipynb #c9174be1
@@ -182,7 +195,8 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 def use_cpu_cores(n: int | None = None) -> int:
-    "Before JAX starts: show XLA the CPU as `n` devices (default: one per usable core, unless `XLA_FLAGS` sets a count); returns `n` (0: left alone)."
+    """Before JAX starts: show XLA the CPU as `n` devices
+    (default: one per usable core, unless `XLA_FLAGS` sets a count); returns `n` (0: left alone)."""
     global _cpu_split
     if n is None and "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         return 0
@@ -192,7 +206,8 @@ def use_cpu_cores(n: int | None = None) -> int:
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:
-        raise TinyLMError("use_cpu_cores must run before JAX starts: call it right after the imports, before any JAX computation") from None
+        raise TinyLMError("use_cpu_cores must run before JAX starts: "
+                          "call it right after the imports, before any JAX computation") from None
     _cpu_split = n
     return n
 
@@ -201,12 +216,14 @@ def batch_devices() -> int:
     return jax.process_count() if cpu_split() else jax.device_count()
 
 def cpu_mesh_devices(global_batch: int) -> int:
-    "How many of a split CPU's devices train a `global_batch`: the most that share it evenly (all of them on many hosts)."
+    """How many of a split CPU's devices train a `global_batch`: the most that share it evenly
+    (all of them on many hosts)."""
     n = jax.device_count()
     return n if jax.process_count() > 1 else max(d for d in range(1, n + 1) if global_batch % d == 0)
 
 # %% ../nbs/05_parallel.ipynb #a28b08a3
-_CLUSTER_VARS = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
+_CLUSTER_VARS = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS",
+                 "JAX_COORDINATOR_ADDRESS")
 
 def _wait_for(host: str, port: int, timeout_s: float) -> bool:
     "True once a TCP connection to `host:port` succeeds, False after `timeout_s`."
@@ -222,22 +239,26 @@ def _wait_for(host: str, port: int, timeout_s: float) -> bool:
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None, timeout_s: int = 60) -> bool:
-    "Join a multi-process run: explicitly with all three arguments, automatically on a detected cluster; True if distributed."
+    """Join a multi-process run: explicitly with all three arguments, automatically on a detected cluster;
+    True if distributed."""
     given = {"--coordinator-address": coordinator_address, "--num-processes": num_processes, "--process-id": process_id}
     if any(v is not None for v in given.values()):
         missing = [k for k, v in given.items() if v is None]
         if missing:
-            raise TinyLMError(f"a multi-process run needs --coordinator-address, --num-processes and --process-id together: add {', '.join(missing)}")
+            raise TinyLMError("a multi-process run needs --coordinator-address, --num-processes and --process-id "
+                              f"together: add {', '.join(missing)}")
         host, _, port = coordinator_address.rpartition(":")
         if not host or not port.isdigit():
-            raise TinyLMError(f"--coordinator-address {coordinator_address} is not HOST:PORT: e.g. --coordinator-address 10.0.0.1:8476 (process 0's address)")
+            raise TinyLMError(f"--coordinator-address {coordinator_address} is not HOST:PORT: "
+                              "e.g. --coordinator-address 10.0.0.1:8476 (process 0's address)")
         if num_processes < 1 or not 0 <= process_id < num_processes:
-            raise TinyLMError(f"--process-id must be between 0 and --num-processes - 1 = {num_processes - 1}, got {process_id}")
+            raise TinyLMError(f"--process-id must be between 0 and --num-processes - 1 = {num_processes - 1}, "
+                              f"got {process_id}")
         if num_processes == 1:
             return False
         if process_id != 0 and not _wait_for(host, int(port), timeout_s):
-            raise TinyLMError(f"no coordinator answered at {coordinator_address} within {timeout_s} s: start process 0 there first, "
-                              "or check the address and that the port is open")
+            raise TinyLMError(f"no coordinator answered at {coordinator_address} within {timeout_s} s: "
+                              "start process 0 there first, or check the address and that the port is open")
         jax.distributed.initialize(coordinator_address, num_processes, process_id, initialization_timeout=timeout_s)
         return True
     if any(os.environ.get(v) for v in _CLUSTER_VARS) and int(os.environ.get("SLURM_NTASKS", "2")) > 1:

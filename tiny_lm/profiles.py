@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import jax
 
 from .model import PRECISIONS, ModelConfig, attention_implementation
-from .sizing import PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, preset_config, train_memory_bytes
+from .sizing import (
+    PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, preset_config, train_memory_bytes)
 from .tokenizer import TinyLMError
 from .train import TrainConfig, peak_flops
 
@@ -37,7 +38,8 @@ class Hardware:
 
     def device(self) -> SimpleNamespace:
         "A stand-in for a JAX device of this hardware, for the peak table and the attention rule."
-        return SimpleNamespace(platform=self.platform, device_kind=self.kind, compute_capability=self.compute_capability)
+        return SimpleNamespace(platform=self.platform, device_kind=self.kind,
+                               compute_capability=self.compute_capability)
 
 HARDWARE: dict[str, Hardware] = {h.name: h for h in [
     Hardware("t4", r"\bt4\b", "gpu", 15.0, False, "Tesla T4", 7.5),  # XLA runs no bf16 matmuls on a T4
@@ -75,7 +77,8 @@ def match_hardware(kind: str) -> Hardware | None:
     return next((hw for hw in HARDWARE.values() if re.search(hw.pattern, kind.lower())), None)
 
 def detect_hardware(device=None) -> Hardware | None:
-    "The hardware of `device` (default: the first local one), with the memory it reports: the table's entry, or a new one for an accelerator the table does not know; None for a CPU."
+    """The hardware of `device` (default: the first local one), with the memory it reports:
+    the table's entry, or a new one for an accelerator the table does not know; None for a CPU."""
     device = device or jax.local_devices()[0]
     if device.platform == "cpu":
         return None
@@ -102,24 +105,29 @@ def compute_optimal_hours(cfg: ModelConfig, peak: float, mfu: float = ASSUMED_MF
     return TOKENS_PER_PARAM * param_count(cfg) * flops_per_token(cfg) / (mfu * peak) / 3600
 
 def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, memory_bytes: int | None = None) -> str:
-    "The largest preset that trains compute-optimally within SESSION_HOURS on `num_devices` of `hw` and fits one device's memory (default: the table's)."
+    """The largest preset that trains compute-optimally within SESSION_HOURS on `num_devices` of `hw`
+    and fits one device's memory (default: the table's)."""
     dtype, memory = _precision(hw), memory_bytes or usable_memory(hw)
     peak = _peak(hw, dtype)
     if peak is None:
-        raise TinyLMError(f"no peak FLOP/s are known for a {hw.kind}, so no preset can be planned: give --model-preset, or --profile none")
+        raise TinyLMError(f"no peak FLOP/s are known for a {hw.kind}, so no preset can be planned: "
+                          "give --model-preset, or --profile none")
     def ok(name: str) -> bool:
         cfg = replace(preset_config(name, vocab_size), dtype=dtype)
-        return train_memory_bytes(cfg, 1)["total"] <= 0.9 * memory and compute_optimal_hours(cfg, peak * num_devices) <= SESSION_HOURS
+        return (train_memory_bytes(cfg, 1)["total"] <= 0.9 * memory
+                and compute_optimal_hours(cfg, peak * num_devices) <= SESSION_HOURS)
     return ([name for name in PRESETS if ok(name)] or ["nano"])[-1]
 
 # %% ../nbs/04a_profiles.ipynb #3411f66d
 TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an accelerator
 
 def choose_batch(cfg: ModelConfig, memory_bytes: int) -> tuple[int, int]:
-    "`(micro-batch, accumulation steps)` per device for `cfg`: TOKENS_PER_DEVICE_STEP tokens per step, split to fit `memory_bytes`."
+    """`(micro-batch, accumulation steps)` per device for `cfg`: TOKENS_PER_DEVICE_STEP tokens per step,
+    split to fit `memory_bytes`."""
     fit = fitting_batch(cfg, max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len), memory_bytes)
     if fit is None:
-        raise TinyLMError(f"not even one sequence of {cfg.seq_len} tokens fits in {memory_bytes / 2**30:.1f} GiB for training: choose a smaller model")
+        raise TinyLMError(f"not even one sequence of {cfg.seq_len} tokens fits in {memory_bytes / 2**30:.1f} GiB "
+                          "for training: choose a smaller model")
     return fit
 
 # %% ../nbs/04a_profiles.ipynb #83cf5e75
@@ -130,7 +138,8 @@ def choose_learning_rate(cfg: ModelConfig) -> float:
     return BASE_LEARNING_RATE * BASE_WIDTH / cfg.d_model
 
 # %% ../nbs/04a_profiles.ipynb #90a73e93
-SAVE_MINUTES = {"cpu": 10.0, "gpu": 5.0, "tpu": 5.0}  # --save-every-minutes: a Colab accelerator may disconnect at any time
+# --save-every-minutes: a Colab accelerator may disconnect at any time
+SAVE_MINUTES = {"cpu": 10.0, "gpu": 5.0, "tpu": 5.0}
 
 @dataclass(frozen=True)
 class Plan:
@@ -163,16 +172,21 @@ class Plan:
 
     def train_config(self, **overrides) -> TrainConfig:
         "The planned training settings, with `overrides` (any TrainConfig field) on top."
-        return TrainConfig(**{"batch_size": self.batch_size, "gradient_accumulation_steps": self.gradient_accumulation_steps,
-                              "learning_rate": self.learning_rate, "save_every_minutes": self.save_every_minutes, **overrides})
+        return TrainConfig(**{"batch_size": self.batch_size,
+                              "gradient_accumulation_steps": self.gradient_accumulation_steps,
+                              "learning_rate": self.learning_rate, "save_every_minutes": self.save_every_minutes,
+                              **overrides})
 
     def describe(self) -> str:
         "One line for the banner."
-        where = f"{self.device}{f' × {self.num_devices}' if self.num_devices > 1 else ''}, {self.memory_bytes / 2**30:.1f} GiB usable"
+        where = (f"{self.device}{f' × {self.num_devices}' if self.num_devices > 1 else ''}, "
+                 f"{self.memory_bytes / 2**30:.1f} GiB usable")
         model = f"{self.model_preset} preset" if self.model_preset else "the given model"
         accum = f" × {self.gradient_accumulation_steps} accumulation" if self.gradient_accumulation_steps > 1 else ""
-        return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): {model}, {self.seq_len} tokens, "
-                f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, learning rate {self.learning_rate:.2g}, {self.precision_flag}, "
+        return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): "
+                f"{model}, {self.seq_len} tokens, "
+                f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, "
+                f"learning rate {self.learning_rate:.2g}, {self.precision_flag}, "
                 f"{self.attention} attention, a save every {self.save_every_minutes:g} min"
                 + (f" (overridden by {', '.join(self.overridden)})" if self.overridden else ""))
 
@@ -180,11 +194,13 @@ def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig 
     "The CPU profile: the defaults, a few minutes of training on a laptop."
     cfg, train = model or preset_config("tiny", 4096), TrainConfig()
     return Plan("cpu", "cpu", detected, num_devices, memory, None if model else "tiny", cfg.seq_len, train.batch_size,
-                train.gradient_accumulation_steps, train.learning_rate, "float32" if model is None else cfg.dtype, "xla", train.save_every_minutes,
-                train_memory_bytes(cfg, train.batch_size)["total"], None)
+                train.gradient_accumulation_steps, train.learning_rate, "float32" if model is None else cfg.dtype,
+                "xla", train.save_every_minutes, train_memory_bytes(cfg, train.batch_size)["total"], None)
 
-def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None, num_devices: int | None = None) -> Plan | None:
-    "The plan of `profile` (auto: this machine's device) for a vocabulary of `vocab_size`; `model` fixes the model (only its batch and learning rate are planned). None for `none`."
+def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
+             num_devices: int | None = None) -> Plan | None:
+    """The plan of `profile` (auto: this machine's device) for a vocabulary of `vocab_size`;
+    `model` fixes the model (only its batch and learning rate are planned). None for `none`."""
     if profile not in PROFILES:
         raise TinyLMError(f"--profile {profile} is not known: choose one of {', '.join(PROFILES)}")
     if profile == "none":
@@ -198,10 +214,12 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
     preset = choose_preset(hw, vocab_size, num_devices, memory) if model is None else None
     cfg = model or replace(preset_config(preset, vocab_size), dtype=_precision(hw))
     micro, accum = choose_batch(cfg, memory)
-    kernel = attention_implementation(cfg, device=jax.local_devices()[0] if detected else hw.device(), n_devices=num_devices)
+    kernel = attention_implementation(cfg, device=jax.local_devices()[0] if detected else hw.device(),
+                                      n_devices=num_devices)
     peak = _peak(hw, cfg.dtype)
-    return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum, choose_learning_rate(cfg), cfg.dtype, kernel,
-                SAVE_MINUTES[hw.platform], train_memory_bytes(cfg, micro)["total"],
+    return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum,
+                choose_learning_rate(cfg), cfg.dtype, kernel, SAVE_MINUTES[hw.platform],
+                train_memory_bytes(cfg, micro)["total"],
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None)
 
 # %% ../nbs/04a_profiles.ipynb #95de655a
@@ -212,8 +230,10 @@ def profile_table(vocab_size: int = 4096) -> list[dict]:
         p = plan_run(name, vocab_size)
         cfg = p.model_config(vocab_size)
         rows.append({"profile": name, "preset": p.model_preset, "params": param_count(cfg), "seq_len": p.seq_len,
-                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "learning rate": f"{p.learning_rate:.2g}", "precision": p.precision_flag,
-                     "attention": p.attention, "memory": f"{p.train_memory_bytes / 2**30:.1f}" + (" GiB" if name == "cpu" else f" / {p.memory_bytes / 2**30:.1f} GiB"),
+                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}",
+                     "learning rate": f"{p.learning_rate:.2g}", "precision": p.precision_flag, "attention": p.attention,
+                     "memory": f"{p.train_memory_bytes / 2**30:.1f}"
+                               + (" GiB" if name == "cpu" else f" / {p.memory_bytes / 2**30:.1f} GiB"),
                      "hours": None if p.compute_optimal_hours is None else round(p.compute_optimal_hours, 2),
                      "save every": f"{p.save_every_minutes:g} min"})
     return rows

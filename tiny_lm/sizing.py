@@ -23,12 +23,14 @@ def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
     return {
         "embedding": V * D,
         "positions": 0 if cfg.use_rope else T * D,
-        "attention": L * (D * (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim + D * D),  # fused q, k, v (G kv heads), then the output projection
+        # fused q, k, v (G kv heads), then the output projection
+        "attention": L * (D * (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim + D * D),
         "mlp": L * (3 if cfg.use_swiglu else 2) * D * F,  # SwiGLU's gate is the third matrix
         "norms": (2 * L + 1) * norm,  # two per block, one before the head
         "lm_head": 0 if cfg.tie_embeddings else D * V,
-        "lora": L * cfg.lora_rank * ((D + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim) + 2 * D  # r·(d_in + d_out): qkv, out
-                                     + (3 if cfg.use_swiglu else 2) * (D + F)),  # up, (gate,) down
+        "lora": L * cfg.lora_rank * (
+            (D + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim) + 2 * D  # r·(d_in + d_out): qkv, out
+            + (3 if cfg.use_swiglu else 2) * (D + F)),  # up, (gate,) down
     }
 
 def param_count(cfg: ModelConfig) -> int:
@@ -44,7 +46,8 @@ PRESETS: dict[str, dict] = {
     "large": dict(d_model=768, n_layer=12, n_head=12, seq_len=1024),  # GPT-2 small's shape
     "xlarge": dict(d_model=1024, n_layer=24, n_head=16, seq_len=1024),  # GPT-2 medium's shape
 }
-PRESET_LABELS = {"nano": "0.5M", "tiny": "1.4M", "small": "6M", "medium": "28M", "large": "88M", "xlarge": "300M"}  # at V = 4096
+# at V = 4096
+PRESET_LABELS = {"nano": "0.5M", "tiny": "1.4M", "small": "6M", "medium": "28M", "large": "88M", "xlarge": "300M"}
 
 def preset_config(
     name: str,  # a key of `PRESETS`
@@ -78,8 +81,8 @@ def preset_table(
             "|---|---|---|---|---|---|---|---|---|"]
     for name in PRESETS:
         c = preset_config(name, vocab_size)
-        rows.append(f"| {name} | {PRESET_LABELS[name]} | {c.d_model} | {c.n_layer} | {c.n_head} | {c.d_ff} | {c.seq_len} "
-                    f"| {_human(param_count(c))} | {_human(flops_per_token(c))} |")
+        rows.append(f"| {name} | {PRESET_LABELS[name]} | {c.d_model} | {c.n_layer} | {c.n_head} | {c.d_ff} "
+                    f"| {c.seq_len} | {_human(param_count(c))} | {_human(flops_per_token(c))} |")
     return "\n".join(rows)
 
 # %% ../nbs/02_sizing.ipynb #b267028b
@@ -115,7 +118,8 @@ def target_config(
     ratio = DEEP_ASPECT_RATIO if prefer_depth else ASPECT_RATIO
     kv_heads = overrides.get("n_kv_head")  # grouped-query attention: only widths whose head count it divides
     def config(L, D, F):
-        return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=D, n_layer=L, n_head=_head_count(D), d_ff=F, **overrides)
+        return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, d_model=D, n_layer=L, n_head=_head_count(D), d_ff=F,
+                           **overrides)
     for adjust_mlp in (False, True):
         fits = [(abs(math.log(D / L / ratio)), abs(n / target - 1), (L, D, F))
                 for L, D, F in _shapes(target, config, adjust_mlp, kv_heads)
@@ -124,8 +128,11 @@ def target_config(
             return config(*min(fits)[2])
     smallest = param_count(config(1, 64 * (kv_heads or 1), None))
     if target < smallest:
-        raise TinyLMError(f"--target-params {target:,} is too small to build with a vocabulary of {vocab_size}: the smallest model has {smallest:,} parameters (use a smaller --vocab-size or a larger target)")
-    raise TinyLMError(f"--target-params {target:,} cannot be built within {tolerance:.0%} (widths up to 8192, up to 96 layers): give --d-model and --num-layers instead")
+        raise TinyLMError(f"--target-params {target:,} is too small to build with a vocabulary of {vocab_size}: "
+                          f"the smallest model has {smallest:,} parameters "
+                          "(use a smaller --vocab-size or a larger target)")
+    raise TinyLMError(f"--target-params {target:,} cannot be built within {tolerance:.0%} "
+                      "(widths up to 8192, up to 96 layers): give --d-model and --num-layers instead")
 
 # %% ../nbs/02_sizing.ipynb #fe0f3318
 def train_memory_bytes(
@@ -144,8 +151,10 @@ def train_memory_bytes(
              "activations": batch_size * T * (saved + 4 * 3 * V)}
     return {**parts, "total": sum(parts.values())}
 
-def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int, headroom: float = 0.9) -> tuple[int, int] | None:
-    "The largest micro-batch (a divisor of `batch_size`) whose step fits in `headroom × memory_bytes`, and the accumulation steps that keep the batch; None if not even 1 fits."
+def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int,
+                  headroom: float = 0.9) -> tuple[int, int] | None:
+    """The largest micro-batch (a divisor of `batch_size`) whose step fits in `headroom × memory_bytes`,
+    and the accumulation steps that keep the batch; None if not even 1 fits."""
     for micro in sorted((b for b in range(1, batch_size + 1) if batch_size % b == 0), reverse=True):
         if train_memory_bytes(cfg, micro)["total"] <= headroom * memory_bytes:
             return micro, batch_size // micro
@@ -162,7 +171,8 @@ def size_report(
     "Shape, parameter counts, training FLOPs per token and memory of `cfg`, with the names `tiny-lm size --json` uses."
     parts = param_breakdown(cfg)
     memory = train_memory_bytes(cfg, batch_size)
-    report = {"params": param_count(cfg), "non_embedding_params": param_count(cfg) - parts["embedding"] - parts["positions"],
+    report = {"params": param_count(cfg),
+              "non_embedding_params": param_count(cfg) - parts["embedding"] - parts["positions"],
               "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_kv_head,
               "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
               "flops_per_token": flops_per_token(cfg), "batch_size": batch_size, "train_memory_bytes": memory["total"],

@@ -40,9 +40,11 @@ class TokenizerConfig:
         for flag, size in [("--vocab-size", self.vocab_size), ("--min-vocab-size", self.min_vocab_size),
                            ("--max-vocab-size", self.max_vocab_size)]:
             if size < 257:
-                raise TinyLMError(f"{flag} {size} is too small: a byte-level tokenizer needs at least 257 (256 bytes + <|endoftext|>)")
+                raise TinyLMError(f"{flag} {size} is too small: "
+                                  "a byte-level tokenizer needs at least 257 (256 bytes + <|endoftext|>)")
         if self.min_vocab_size > self.max_vocab_size:
-            raise TinyLMError(f"--min-vocab-size {self.min_vocab_size} is larger than --max-vocab-size {self.max_vocab_size}: swap them or widen the range")
+            raise TinyLMError(f"--min-vocab-size {self.min_vocab_size} is larger than "
+                              f"--max-vocab-size {self.max_vocab_size}: swap them or widen the range")
         if self.train_examples < 1:
             raise TinyLMError(f"--tokenizer-train-examples {self.train_examples} must be at least 1")
 
@@ -106,7 +108,8 @@ def _candidate_sizes(lo: int, hi: int) -> list[int]:
 def _hold_out(docs: list[str]) -> tuple[list[str], list[str]]:
     "Split documents into (train, held out): every 10th is held out, or the last when there are fewer than 10."
     if len(docs) < 2:
-        raise TinyLMError(f"--auto-vocab-size needs at least 2 documents to hold one out for measuring, but the corpus has {len(docs)}: pass --vocab-size instead")
+        raise TinyLMError("--auto-vocab-size needs at least 2 documents to hold one out for measuring, "
+                          f"but the corpus has {len(docs)}: pass --vocab-size instead")
     held = set(range(9, len(docs), 10)) or {len(docs) - 1}
     return [d for i, d in enumerate(docs) if i not in held], [docs[i] for i in sorted(held)]
 
@@ -138,19 +141,24 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     try:
         data = json.loads(path.read_bytes())
     except ValueError as e:  # not JSON, or not text
-        raise TinyLMError(f"{path} is not a Hugging Face tokenizer.json (it is not JSON: {e}): pass a valid file or --retrain-tokenizer") from None
+        raise TinyLMError(f"{path} is not a Hugging Face tokenizer.json (it is not JSON: {e}): "
+                          "pass a valid file or --retrain-tokenizer") from None
     if not isinstance(data, dict) or "model" not in data:
-        raise TinyLMError(f"{path} is JSON but not a Hugging Face tokenizer.json (it has no \"model\" entry; tokenizer_config.json and config.json are other files): pass the model's tokenizer.json")
+        raise TinyLMError(f"{path} is JSON but not a Hugging Face tokenizer.json (it has no \"model\" entry; "
+                          "tokenizer_config.json and config.json are other files): pass the model's tokenizer.json")
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on a malformed model
-        raise TinyLMError(f"{path} is not a Hugging Face tokenizer.json ({str(e).splitlines()[0] if str(e) else 'unreadable'}): pass a valid file or --retrain-tokenizer") from None
+        raise TinyLMError(f"{path} is not a Hugging Face tokenizer.json "
+                          f"({str(e).splitlines()[0] if str(e) else 'unreadable'}): "
+                          "pass a valid file or --retrain-tokenizer") from None
     tokenizer.no_truncation()  # every document must be encoded whole
     tokenizer.no_padding()
     return tokenizer
 
 # %% ../nbs/00_tokenizer.ipynb #0420cd09
-END_OF_TEXT_TOKENS = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]", "<|im_end|>", "<|end|>")  # in order of preference
+# in order of preference
+END_OF_TEXT_TOKENS = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]", "<|im_end|>", "<|end|>")
 
 def document_separator(tokenizer: Tokenizer) -> tuple[list[int], str]:
     "The token ids appended after every document, and a description of them for the log."
@@ -160,7 +168,8 @@ def document_separator(tokenizer: Tokenizer) -> tuple[list[int], str]:
     ids = tokenizer.encode("\n\n", add_special_tokens=False).ids
     if ids:
         return ids, f"a blank line (ids {ids}), because the tokenizer has no end-of-text token such as {EOT} or </s>"
-    return [], "nothing: the tokenizer has no end-of-text token and encodes a blank line to no tokens, so documents run together"
+    return [], ("nothing: the tokenizer has no end-of-text token and encodes a blank line to no tokens, "
+                "so documents run together")
 
 # %% ../nbs/00_tokenizer.ipynb #f9dad1e4
 def get_tokenizer(
@@ -168,15 +177,18 @@ def get_tokenizer(
     texts,  # a function returning an iterable of training documents, called only when training
     cfg: TokenizerConfig = TokenizerConfig(),
     retrain: bool = False,  # train a new tokenizer even if `path` exists
-    expect_vocab_size: int | None = None,  # an explicitly requested size, checked against a reused tokenizer (None with auto)
-    on_choice: Callable[[VocabChoice], None] | None = None,  # receives the automatic choice when `cfg.auto_vocab_size` trains
+    # an explicitly requested size, checked against a reused tokenizer (None with auto)
+    expect_vocab_size: int | None = None,
+    # receives the automatic choice when `cfg.auto_vocab_size` trains
+    on_choice: Callable[[VocabChoice], None] | None = None,
 ) -> tuple[Tokenizer, bool]:
     "Reuse the tokenizer at `path` or train and save a new one; returns `(tokenizer, trained)`."
     path = Path(path)
     if path.is_file() and not retrain:
         tokenizer = load_tokenizer(path)
         if expect_vocab_size is not None and tokenizer.get_vocab_size() != expect_vocab_size:
-            raise TinyLMError(f"{path} has a vocabulary of {tokenizer.get_vocab_size()} but --vocab-size {expect_vocab_size} was asked: add --retrain-tokenizer to train a new one")
+            raise TinyLMError(f"{path} has a vocabulary of {tokenizer.get_vocab_size()} but --vocab-size "
+                              f"{expect_vocab_size} was asked: add --retrain-tokenizer to train a new one")
         return tokenizer, False
     documents = texts()
     if cfg.auto_vocab_size:
