@@ -47,6 +47,14 @@ class ModelConfig:
     lora_rank: int = 0  # r: rank of the LoRA adapters on every projection (0: no adapters)
     lora_alpha: float | None = None  # adapters are scaled by alpha / r (None: alpha = r, a scale of 1)
 
+    def _check_choices(self) -> None:
+        "The fields that name one of a few choices: activation, attention kernel, dtypes."
+        for flag, value, choices in [("--activation", self.activation, _ACTIVATIONS), ("attention", self.attention,
+                                     ATTENTION_KERNELS), ("dtype", self.dtype, _DTYPES),
+                                     ("param_dtype", self.param_dtype, _DTYPES)]:
+            if value not in choices:
+                raise TinyLMError(f"{flag} {value!r} is unknown: choose one of {', '.join(choices)}")
+
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "d_model", "n_layer", "n_head"):
             if getattr(self, name) < 1:
@@ -54,10 +62,7 @@ class ModelConfig:
         if self.d_model % self.n_head:
             raise TinyLMError(f"--d-model {self.d_model} is not divisible by --num-heads {self.n_head}: "
                               "pick a width that is a multiple of the head count")
-        if self.activation not in _ACTIVATIONS:
-            raise TinyLMError(f"--activation {self.activation!r} is unknown: choose one of {', '.join(_ACTIVATIONS)}")
-        if self.attention not in ATTENTION_KERNELS:
-            raise TinyLMError(f"attention {self.attention!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
+        self._check_choices()
         if not 0 <= self.dropout_rate < 1:
             raise TinyLMError(f"--dropout-rate must be in [0, 1), got {self.dropout_rate}: "
                               "0 disables dropout, 0.1 is usual for small data")
@@ -66,9 +71,6 @@ class ModelConfig:
                               f"got {self.lora_rank}: 8 or 16 is usual")
         if self.lora_alpha is not None and self.lora_alpha <= 0:
             raise TinyLMError(f"--lora-alpha must be positive, got {self.lora_alpha}")
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise TinyLMError(f"{name} {getattr(self, name)!r} is unknown: choose one of {', '.join(_DTYPES)}")
         if self.n_kv_head is None:  # resolve the default so the saved config names the real count
             object.__setattr__(self, "n_kv_head", self.n_head)
         if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
