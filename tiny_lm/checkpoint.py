@@ -34,16 +34,19 @@ __all__ = ['STEP_PREFIX', 'saved_state', 'Checkpointer', 'DataStateHandler', 'Da
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
 
 class _QuietReadOnly(logging.Filter):
-    "Orbax's warnings on read-only managers (how tiny-lm reads runs) and on damaged steps (tiny-lm says it in one line)."
+    ("Orbax's warnings on read-only managers (how tiny-lm reads runs) "
+     "and on damaged steps (tiny-lm says it in one line).")
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not any(s in message for s in ("read_only=True", "directory is read only", "Failed to read Metadata file"))
+        return not any(s in message
+                       for s in ("read_only=True", "directory is read only", "Failed to read Metadata file"))
 
 logging.getLogger("absl").addFilter(_QuietReadOnly())
 
 def saved_state(model: nnx.Module) -> nnx.State:
     "What a checkpoint holds of `model`: all its parameters, or only the adapters of a LoRA model."
-    return nnx.state(model, nnx.LoRAParam) if getattr(model, "cfg", None) is not None and model.cfg.lora_rank else nnx.state(model)
+    return (nnx.state(model, nnx.LoRAParam) if getattr(model, "cfg", None) is not None and model.cfg.lora_rank
+            else nnx.state(model))
 
 class Checkpointer:
     "Orbax checkpoints of a run in `directory`/checkpoint_step_N; callable as `fit`'s `checkpoint`."
@@ -65,7 +68,8 @@ class Checkpointer:
 
     def __call__(self, step: int, model: nnx.Module, optimizer: nnx.Optimizer | None, metrics: dict | None = None,
                  data: dict | None = None) -> None:
-        "Start an asynchronous save of `step` (with the data pipeline's `data` state, if any); returns once the arrays are copied off the devices."
+        ("Start an asynchronous save of `step` (with the data pipeline's `data` state, if any); "
+         "returns once the arrays are copied off the devices.")
         metrics = {k: v for k, v in (metrics or {}).items() if v is not None}
         items = dict(model=ocp.args.StandardSave(saved_state(model)),
                      meta=ocp.args.JsonSave({**self.meta, "step": step, "metrics": metrics}))
@@ -75,12 +79,15 @@ class Checkpointer:
             items["data"] = DataStateSave(data)
         self.wait()  # the previous save first (Orbax waits for it anyway): a failure there is reported now
         arrays = [x for item in ("model", "optimizer") if item in items for x in jax.tree.leaves(items[item].item)]
-        need = sum(x.nbytes for x in arrays) // jax.process_count() + 2**20  # this process's share, and Orbax's index files
+        # this process's share, and Orbax's index files
+        need = sum(x.nbytes for x in arrays) // jax.process_count() + 2**20
         free = shutil.disk_usage(self.directory).free
         if free < need:
-            raise _write_error(self.directory, step, f"the disk is full ({free / 2**20:.1f} MiB free, the checkpoint needs about {need / 2**20:.1f} MiB)")
+            raise _write_error(self.directory, step, f"the disk is full ({free / 2**20:.1f} MiB free, "
+                                                     f"the checkpoint needs about {need / 2**20:.1f} MiB)")
         try:
-            self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics if "val_loss" in metrics else None, force=True)
+            self.manager.save(step, args=ocp.args.Composite(**items),
+                              metrics=metrics if "val_loss" in metrics else None, force=True)
         except Exception as e:
             raise _write_error(self.directory, step, e) from None
         self.pending = step
@@ -105,11 +112,14 @@ class Checkpointer:
 
 # %% ../nbs/06_checkpoint.ipynb #ec6364d7
 _REASONS = {  # what the OS said: (the reason in words, the fix)
-    "No space left on device": ("the disk is full (no space left on device)", "free some space (or pass another --output-dir)"),
-    "File too large": ("a file size limit was reached (file too large)", "raise the limit (ulimit -f) or pass another --output-dir"),
+    "No space left on device": ("the disk is full (no space left on device)",
+                                "free some space (or pass another --output-dir)"),
+    "File too large": ("a file size limit was reached (file too large)",
+                       "raise the limit (ulimit -f) or pass another --output-dir"),
     "Permission denied": ("permission denied", "make the folder writable (or pass another --output-dir)"),
     "Read-only file system": ("the file system is read-only", "pass an --output-dir on a writable disk"),
-    "the disk is full": (None, "free some space (or pass another --output-dir)"),  # our own check before saving: its words are the reason
+    # our own check before saving: its words are the reason
+    "the disk is full": (None, "free some space (or pass another --output-dir)"),
 }
 
 def _write_error(directory: Path, step: int | None, error) -> TinyLMError:
@@ -118,8 +128,8 @@ def _write_error(directory: Path, step: int | None, error) -> TinyLMError:
     said = (text.splitlines() or [type(error).__name__])[0][:200]
     reason, fix = next((r for k, r in _REASONS.items() if k in text), (None, "fix that (or pass another --output-dir)"))
     reason = reason or said
-    return TinyLMError(f"cannot write the checkpoint of step {step} in {directory}: {reason}. The earlier checkpoints are intact: "
-                       f"{fix} and run the same command again to continue")
+    return TinyLMError(f"cannot write the checkpoint of step {step} in {directory}: {reason}. "
+                       f"The earlier checkpoints are intact: {fix} and run the same command again to continue")
 
 # %% ../nbs/06_checkpoint.ipynb #d929f603
 class DataStateHandler(ocp.CheckpointHandler):
@@ -138,7 +148,8 @@ class DataStateHandler(ocp.CheckpointHandler):
         "Read this process's state back, as the dict `save` was given."
         path = self._file(directory)
         if not path.exists():
-            raise TinyLMError(f"{directory} holds no data state for process {jax.process_index()} of {jax.process_count()}: resume with as many processes as saved it")
+            raise TinyLMError(f"{directory} holds no data state for process {jax.process_index()} of "
+                              f"{jax.process_count()}: resume with as many processes as saved it")
         with path.open("rb") as f, np.load(f) as z:
             return {**json.loads(bytes(z["_json"]).decode()), **{k: z[k] for k in z.files if k != "_json"}}
 
@@ -155,15 +166,20 @@ class DataStateRestore(ocp.args.CheckpointArgs):
 
 # %% ../nbs/06_checkpoint.ipynb #9c33e439
 def _targets(state: nnx.State):
-    "Shape, dtype and sharding of every array in `state` (an abstract one, from `nnx.eval_shape`, lands on the first device): what Orbax restores into."
+    ("Shape, dtype and sharding of every array in `state` (an abstract one, from `nnx.eval_shape`, "
+     "lands on the first device): what Orbax restores into.")
     first = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None) or first), state)
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None) or first), state)
 
-def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | None = None, step: int | None = None) -> dict:
-    "Restore the newest readable step (or `step`) into `model` (and `optimizer`); returns its meta record (with the data state under 'data')."
+def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | None = None,
+            step: int | None = None) -> dict:
+    ("Restore the newest readable step (or `step`) into `model` (and `optimizer`); "
+     "returns its meta record (with the data state under 'data').")
     candidates = [step] if step is not None else ckpt.steps()[::-1]
     if not candidates:
-        raise TinyLMError(f"no checkpoint in {ckpt.directory}: train first with tiny-lm train --output-dir {ckpt.directory}")
+        raise TinyLMError(f"no checkpoint in {ckpt.directory}: "
+                          f"train first with tiny-lm train --output-dir {ckpt.directory}")
     errors = []
     for s in candidates:
         items = dict(model=ocp.args.StandardRestore(_targets(saved_state(model))), meta=ocp.args.JsonRestore())
@@ -183,13 +199,16 @@ def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | No
             nnx.update(optimizer, restored["optimizer"])
         if errors:
             damaged = ", ".join(f"{STEP_PREFIX}_{d} ({why})" for d, why in errors)
-            print(f"warning: {damaged} in {ckpt.directory} cannot be read (damaged or cut short): restored step {s} instead")
+            print(f"warning: {damaged} in {ckpt.directory} cannot be read (damaged or cut short): "
+                  f"restored step {s} instead")
         return {**restored["meta"], "data": restored.get("data"), "damaged": [d for d, _ in errors]}
-    raise TinyLMError(f"no readable checkpoint in {ckpt.directory} ({', '.join(f'step {d}: {why}' for d, why in errors)}): "
+    raise TinyLMError(f"no readable checkpoint in {ckpt.directory} "
+                      f"({', '.join(f'step {d}: {why}' for d, why in errors)}): "
                       "delete the damaged checkpoint_step_* folders or start a new run")
 
 def set_aside(directory: Path, steps: list[int]) -> list[Path]:
-    "Rename damaged step folders to `checkpoint_step_N.damaged` (kept for inspection; Orbax no longer lists them), so the step can be saved again."
+    ("Rename damaged step folders to `checkpoint_step_N.damaged` (kept for inspection; Orbax no longer lists them), "
+     "so the step can be saved again.")
     moved = []
     for step in steps:
         src, n = Path(directory) / f"{STEP_PREFIX}_{step}", 0
@@ -205,7 +224,8 @@ def best_step(ckpt: Checkpointer) -> int | None:
     losses = {}
     for step in ckpt.steps():
         try:
-            metrics = ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"].get("metrics", {})
+            metrics = ckpt.manager.restore(
+                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"].get("metrics", {})
         except Exception:  # an unreadable step is nobody's best
             continue
         if metrics.get("val_loss") is not None:
@@ -219,7 +239,8 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 def publish(run_dir: str | Path, name: str, step: int) -> Path:
-    "Make `run_dir/name` a self-contained copy of step `step` (its step folder hard-linked, the run's JSON files copied), swapped in atomically."
+    ("Make `run_dir/name` a self-contained copy of step `step` "
+     "(its step folder hard-linked, the run's JSON files copied), swapped in atomically.")
     run_dir = Path(run_dir)
     target, tmp, old = run_dir / name, run_dir / f".{name}.tmp", run_dir / f".{name}.old"
     for leftover in (tmp, old):
@@ -249,7 +270,8 @@ def _locate(path: Path) -> tuple[Path, int | None]:
 _WARNED: set = set()  # (run folder, step) already reported as damaged by this process: each is said once
 
 def _newest_readable(path: str | Path, read: Callable[[Checkpointer, int], object]) -> tuple[Path, int, object, list]:
-    "`(run folder, step, read(ckpt, step), damaged steps)`: the step `path` names, else the newest step `read` succeeds on."
+    ("`(run folder, step, read(ckpt, step), damaged steps)`: the step `path` names, "
+     "else the newest step `read` succeeds on.")
     root, step = _locate(Path(path).expanduser())
     ckpt, damaged = Checkpointer(root, read_only=True), []
     try:
@@ -266,9 +288,10 @@ def _newest_readable(path: str | Path, read: Callable[[Checkpointer, int], objec
     finally:
         ckpt.close()
     if step is not None:
-        raise TinyLMError(f"{root / f'{STEP_PREFIX}_{step}'} cannot be read ({damaged[0][1]}): it is damaged; pass the run folder "
-                          f"{root} to use its newest readable step")
-    raise TinyLMError(f"no readable checkpoint in {root}" + (f" ({', '.join(f'step {d}: {why}' for d, why in damaged)})" if damaged else "")
+        raise TinyLMError(f"{root / f'{STEP_PREFIX}_{step}'} cannot be read ({damaged[0][1]}): it is damaged; "
+                          f"pass the run folder {root} to use its newest readable step")
+    raise TinyLMError(f"no readable checkpoint in {root}"
+                      + (f" ({', '.join(f'step {d}: {why}' for d, why in damaged)})" if damaged else "")
                       + ": train first, or restore the run from a copy")
 
 def _warn_damaged(root: Path, damaged: list, used: int) -> None:
@@ -282,19 +305,22 @@ def _read_meta(ckpt: Checkpointer, step: int) -> dict:
     return ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 def run_meta(path: str | Path) -> tuple[Path, int, dict]:
-    "`(run folder, step, meta record)` of a run folder's newest readable step, or of the checkpoint_step_N folder `path` names."
+    ("`(run folder, step, meta record)` of a run folder's newest readable step, "
+     "or of the checkpoint_step_N folder `path` names.")
     root, step, meta, _ = _newest_readable(path, _read_meta)
     return root, step, meta
 
 # %% ../nbs/06_checkpoint.ipynb #00974b15
 def restore_weights(path: str | Path, model: Transformer) -> dict:
-    "Copy a run's weights (its newest step, or the checkpoint_step_N folder `path` names) into `model`'s base parameters; returns `{'path', 'step'}`."
+    ("Copy a run's weights (its newest step, or the checkpoint_step_N folder `path` names) "
+     "into `model`'s base parameters; returns `{'path', 'step'}`.")
     base = nnx.state(model, nnx.Not(nnx.LoRAParam))
     def read(ckpt: Checkpointer, step: int):
         if ModelConfig.from_dict(_read_meta(ckpt, step)["config"]["model"]).lora_rank:
             raise TinyLMError(f"{ckpt.directory} is a LoRA run, not a base model: start from its merged model instead "
                               f"(train it with --merge-lora and use {ckpt.directory / 'merged'})")
-        return ckpt.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(base))))["model"]
+        return ckpt.manager.restore(
+            step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(base))))["model"]
     root, step, restored, _ = _newest_readable(path, read)
     nnx.update(model, restored)
     return {"path": str(root), "step": step}
@@ -310,30 +336,38 @@ class LoadedRun:
     meta: dict  # that step's record (configuration, metrics)
     damaged: list[int]  # newer steps skipped because they cannot be read
 
-def _read_model(root: Path, tokenizer: Tokenizer, ckpt: Checkpointer, step: int) -> tuple[Transformer, ModelConfig, dict]:
+def _read_model(root: Path, tokenizer: Tokenizer, ckpt: Checkpointer,
+                step: int) -> tuple[Transformer, ModelConfig, dict]:
     meta = _read_meta(ckpt, step)
     cfg = ModelConfig.from_dict(meta["config"]["model"])
     if meta.get("tokenizer_fingerprint") not in (None, tokenizer_fingerprint(tokenizer)):
-        raise TinyLMError(f"{root / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with (was it retrained?): restore the original tokenizer.json")
+        raise TinyLMError(f"{root / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with "
+                          "(was it retrained?): restore the original tokenizer.json")
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     if cfg.lora_rank:  # adapters only: the frozen weights come from the base run
         base = meta["config"].get("init_from") or {}
         try:
             restore_weights(Path(base["path"]) / f"{STEP_PREFIX}_{base['step']}", model)
         except (TinyLMError, KeyError) as e:
-            raise TinyLMError(f"{root} holds LoRA adapters for base run {base.get('path')} step {base.get('step')}, which cannot be read ({e}): restore that checkpoint, or retrain with --merge-lora for a standalone model") from None
-    restored = ckpt.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(saved_state(model)))))["model"]
+            raise TinyLMError(f"{root} holds LoRA adapters for base run {base.get('path')} step {base.get('step')}, "
+                              f"which cannot be read ({e}): restore that checkpoint, "
+                              "or retrain with --merge-lora for a standalone model") from None
+    restored = ckpt.manager.restore(
+        step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(saved_state(model)))))["model"]
     nnx.update(model, restored)
     return model, cfg, meta
 
 def load_run(path: str | Path = "output") -> LoadedRun:
-    "The model of a run folder's newest readable step (a damaged newer one is skipped with a warning), or of the checkpoint_step_N folder `path` names."
+    ("The model of a run folder's newest readable step (a damaged newer one is skipped with a warning), "
+     "or of the checkpoint_step_N folder `path` names.")
     root, _ = _locate(Path(path).expanduser())
     tokenizer = load_tokenizer(root / "tokenizer.json")
-    root, step, (model, cfg, meta), damaged = _newest_readable(path, lambda ckpt, s: _read_model(root, tokenizer, ckpt, s))
+    root, step, (model, cfg, meta), damaged = _newest_readable(
+        path, lambda ckpt, s: _read_model(root, tokenizer, ckpt, s))
     return LoadedRun(model, tokenizer, cfg, root, step, meta, damaged)
 
 def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer, ModelConfig]:
-    "Load `(model, tokenizer, model_config)` from a training run's folder or one of its checkpoint_step_N folders (a LoRA run loads its base too)."
+    ("Load `(model, tokenizer, model_config)` from a training run's folder or one of its checkpoint_step_N folders "
+     "(a LoRA run loads its base too).")
     run = load_run(path)
     return run.model, run.tokenizer, run.config

@@ -30,12 +30,15 @@ __all__ = ['PROVIDERS', 'PACKAGES', 'COMPLETE', 'RUN_FILE', 'RUN_FILES', 'SECRET
 
 # %% ../nbs/06a_copies.ipynb #70dddbbe
 PROVIDERS = {"s3": "s3", "gcs": "gs", "azure": "az"}  # --cloud-provider -> URL scheme
-PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "memory": "fsspec"}  # scheme -> the fsspec package that speaks it
+# scheme -> the fsspec package that speaks it
+PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "memory": "fsspec"}
 COMPLETE = "tiny_lm_complete.json"  # written last into each copied folder: its files and their sizes
 RUN_FILE = "tiny_lm_run.json"  # at the top of a copy: the id of the run it copies
-RUN_FILES = ("tokenizer.json", "model_config.json", "metrics.jsonl", "training_summary.json", "loss.png")  # copied along with each checkpoint
-SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
-                    "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_CONNECTION_STRING", "GOOGLE_OAUTH_ACCESS_TOKEN")
+# copied along with each checkpoint
+RUN_FILES = ("tokenizer.json", "model_config.json", "metrics.jsonl", "training_summary.json", "loss.png")
+SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
+                    "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_CONNECTION_STRING",
+                    "GOOGLE_OAUTH_ACCESS_TOKEN")
 _SECRET_PATTERNS = [(re.compile(p, re.I), r) for p, r in [
     (r"\b(sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token)=[^&\s'\";]+", r"\1=***"),
     (r"\b(AccountKey|SharedAccessSignature)=[^;\s'\"]+", r"\1=***"),
@@ -52,7 +55,8 @@ def redact(text: str, secrets=()) -> str:
 
 @dataclass
 class Destination:
-    "Where copies of a run go: a local folder, or a bucket URL (`s3://B/P`, `gs://B/P`, `az://B/P`) with its file system's options."
+    ("Where copies of a run go: a local folder, or a bucket URL (`s3://B/P`, `gs://B/P`, `az://B/P`) "
+     "with its file system's options.")
     url: str
     options: dict = field(default_factory=dict, repr=False)  # may hold credentials: never printed
     secrets: tuple = field(default=(), repr=False)  # values `redact` removes from messages
@@ -73,13 +77,15 @@ class Destination:
             return fsspec.filesystem("file"), str(Path(self.url).expanduser().absolute())
         options = self.options
         if self.scheme == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):  # a GCS emulator: JSON only, no credentials
-            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # gcsfs's experimental gRPC path hangs on one
+            # gcsfs's experimental gRPC path hangs on one
+            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
             options = {"token": "anon", **options}  # (and looking for credentials can take a minute)
         try:
             fs = fsspec.filesystem(self.scheme, **options)
         except ImportError:
             package = PACKAGES.get(self.scheme, self.scheme)
-            raise TinyLMError(f"copies to {self.scheme}:// need the {package} package: pip install {package} (or pip install 'tiny_lm[cloud]')") from None
+            raise TinyLMError(f"copies to {self.scheme}:// need the {package} package: "
+                              f"pip install {package} (or pip install 'tiny_lm[cloud]')") from None
         except Exception as e:
             raise TinyLMError(f"cannot open {self.url}: {self.say_error(e)}") from None
         return fs, self.url.split("://", 1)[1].rstrip("/")
@@ -100,11 +106,13 @@ def cloud_destination(provider: str, bucket: str, prefix: str = "", region: str 
     if provider not in PROVIDERS:
         raise TinyLMError(f"--cloud-provider {provider} is not one of {', '.join(PROVIDERS)}")
     if not bucket or "/" in bucket or ":" in bucket:
-        raise TinyLMError(f"--cloud-bucket {bucket!r} is not a bucket name: give the bare name (my-bucket) and put folders in --cloud-prefix")
+        raise TinyLMError(f"--cloud-bucket {bucket!r} is not a bucket name: "
+                          "give the bare name (my-bucket) and put folders in --cloud-prefix")
     scheme, options = PROVIDERS[provider], {}
     if region is not None:
         if scheme != "s3":
-            raise TinyLMError("--cloud-region applies to --cloud-provider s3 (GCS and Azure find a bucket's region themselves): leave it out")
+            raise TinyLMError("--cloud-region applies to --cloud-provider s3 "
+                              "(GCS and Azure find a bucket's region themselves): leave it out")
         options["client_kwargs"] = {"region_name": region}
     if (account_name or sas_token) and scheme != "az":
         raise TinyLMError("--azure-account-name and --azure-sas-token apply to --cloud-provider azure: leave them out")
@@ -121,8 +129,10 @@ def cloud_destination(provider: str, bucket: str, prefix: str = "", region: str 
     path = "/".join(p for p in (bucket, prefix.strip("/")) if p)
     return Destination(f"{scheme}://{path}", options, secrets=tuple(s for s in (sas_token,) if s))
 
-def destination(url: str | Path, options: dict | None = None, secrets=(), like: Destination | None = None) -> Destination:
-    "A `Destination` from a folder path or a bucket URL (for `--resume-from s3://...`), with the options of `like` where its scheme matches."
+def destination(url: str | Path, options: dict | None = None, secrets=(),
+                like: Destination | None = None) -> Destination:
+    ("A `Destination` from a folder path or a bucket URL (for `--resume-from s3://...`), "
+     "with the options of `like` where its scheme matches.")
     dest = Destination(str(url), dict(options or {}), tuple(secrets))
     if like is not None and options is None and like.scheme == dest.scheme:
         dest.options, dest.secrets = dict(like.options), like.secrets
@@ -159,7 +169,8 @@ def _read_json(fs, path: str) -> dict | None:
         return None
 
 def check_destination(dest: Destination, run_id: str | None = None, timeout: float = 30) -> None:
-    "Write, read back and delete a probe file at `dest`, and check it holds no copy of another run: a one-line error if not."
+    ("Write, read back and delete a probe file at `dest`, and check it holds no copy of another run: "
+     "a one-line error if not.")
     fs, root = dest.filesystem()
     probe = f"{root}/.tiny_lm_probe-{uuid.uuid4().hex}"
     def go():
@@ -172,15 +183,19 @@ def check_destination(dest: Destination, run_id: str | None = None, timeout: flo
     try:
         ok, record = _with_deadline(go, timeout)
     except FileNotFoundError as e:
-        raise TinyLMError(f"cannot write to {dest.url}: the bucket (or folder) does not exist ({dest.say_error(e)}): create it, or fix the name") from None
+        raise TinyLMError(f"cannot write to {dest.url}: the bucket (or folder) does not exist ({dest.say_error(e)}): "
+                          "create it, or fix the name") from None
     except PermissionError as e:
-        raise TinyLMError(f"cannot write to {dest.url}: permission denied ({dest.say_error(e)}): check the credentials") from None
+        raise TinyLMError(f"cannot write to {dest.url}: permission denied ({dest.say_error(e)}): "
+                          "check the credentials") from None
     except Exception as e:
-        raise TinyLMError(f"cannot write to {dest.url} ({dest.say_error(e)}): check the name, the network and the credentials, or leave the flag out") from None
+        raise TinyLMError(f"cannot write to {dest.url} ({dest.say_error(e)}): "
+                          "check the name, the network and the credentials, or leave the flag out") from None
     if not ok:
         raise TinyLMError(f"cannot write to {dest.url}: a file written there reads back different")
     if run_id is not None and record is not None and record.get("run_id") != run_id:
-        raise TinyLMError(f"{dest.url} holds copies of another run ({record.get('run_dir')}): choose another place for this run's copies")
+        raise TinyLMError(f"{dest.url} holds copies of another run ({record.get('run_dir')}): "
+                          "choose another place for this run's copies")
 
 # %% ../nbs/06a_copies.ipynb #373a0840
 RETRY_DELAYS = (1, 2, 4, 8, 16)  # seconds before each new attempt at a copy that failed
@@ -191,20 +206,26 @@ def _step_of(name: str) -> int | None:
 
 def manifest(folder: Path) -> dict:
     "The files under `folder` and their sizes (what `tiny_lm_complete.json` records)."
-    return {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE}
+    return {p.relative_to(folder).as_posix(): p.stat().st_size
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE}
 
 class Mirror:
-    "Copies of a run folder's committed checkpoints and JSON files at `dest`, made in the background with the run's retention."
-    def __init__(self, run_dir: str | Path, dest: Destination, run_id: str, say=print, delays=RETRY_DELAYS, wait_for_commit: float = 3600,
-                 keep: int | None = None):  # keep: the run's --keep-checkpoints, also kept among the copies (None: only what the run folder holds)
-        self.run_dir, self.dest, self.run_id, self.say, self.delays, self.keep = Path(run_dir), dest, run_id, say, tuple(delays), keep
+    ("Copies of a run folder's committed checkpoints and JSON files at `dest`, "
+     "made in the background with the run's retention.")
+    def __init__(self, run_dir: str | Path, dest: Destination, run_id: str, say=print, delays=RETRY_DELAYS,
+                 wait_for_commit: float = 3600,
+                 # keep: the run's --keep-checkpoints, also kept among the copies (None: only what the run folder holds)
+                 keep: int | None = None):
+        self.run_dir, self.dest, self.run_id, self.say, self.delays, self.keep = (
+            Path(run_dir), dest, run_id, say, tuple(delays), keep)
         self.fs, self.root = dest.filesystem()
         self.stage = self.run_dir / ".copies" / uuid.uuid4().hex[:8]  # hard-linked snapshots waiting to be copied
         self.jobs: queue.Queue = queue.Queue()
         self.copied: list[str] = []  # folders copied, in order
         self.down = False  # a copy failed after every retry: try the next ones once each
         self.failed: dict[str, str] = {}  # what could not be copied -> why (secrets removed)
-        self.settled, self.wait_for_commit, self.watchers = threading.Event(), wait_for_commit, []  # settled: no save is in flight
+        # settled: no save is in flight
+        self.settled, self.wait_for_commit, self.watchers = threading.Event(), wait_for_commit, []
         self.thread = threading.Thread(target=self._work, name=f"copies to {dest.url}", daemon=True)
         self.thread.start()
 
@@ -236,10 +257,13 @@ class Mirror:
             try:
                 step = _step_of(name)
                 if step is not None and not self.jobs.empty() and (self.down or not (self.run_dir / name).exists()):
-                    continue  # a newer copy is waiting, and this step is pruned from the run already (or the destination is down): skip it
+                    # a newer copy is waiting, and this step is pruned from the run already
+                    # (or the destination is down): skip it
+                    continue
                 if self._retry(lambda: self._copy(name, snap), name):
                     self.copied.append(name)
-                    self.failed = {k: v for k, v in self.failed.items() if _step_of(k) is None or step is None or _step_of(k) > step}
+                    self.failed = {k: v for k, v in self.failed.items()
+                                   if _step_of(k) is None or step is None or _step_of(k) > step}
                     self.copy_run_files()
                     if step is not None:
                         self._retry(lambda: self._prune(name), "the pruning of old copies")
@@ -249,7 +273,8 @@ class Mirror:
             self._retry(lambda: self._prune(None), "the pruning of old copies")
 
     def _retry(self, fn, what: str) -> bool:
-        "Call `fn`, retrying with back-off; once a copy has failed for good, the next ones try once each until one succeeds."
+        ("Call `fn`, retrying with back-off; once a copy has failed for good, "
+         "the next ones try once each until one succeeds.")
         for attempt, delay in enumerate((*(() if self.down else self.delays), None), 1):
             try:
                 fn()
@@ -261,7 +286,8 @@ class Mirror:
                 if delay is None:
                     self.failed[what] = reason
                     if not self.down:
-                        self.say(f"warning: could not copy {what} to {self.dest.url} after {attempt} attempts ({reason}); training goes on, and each new checkpoint's copy tries again")
+                        self.say(f"warning: could not copy {what} to {self.dest.url} after {attempt} attempts "
+                                 f"({reason}); training goes on, and each new checkpoint's copy tries again")
                     self.down = True
                     return False
                 if attempt == 1:
@@ -303,7 +329,8 @@ class Mirror:
         self.fs.pipe_file(f"{target}/{COMPLETE}", json.dumps(record).encode())
 
     def copy_run_files(self) -> bool:
-        "Copy the run's JSON files now (with retries), as after the training summary is written; True if they were copied."
+        ("Copy the run's JSON files now (with retries), as after the training summary is written; "
+         "True if they were copied.")
         return self._retry(self._copy_run_files, "the run's JSON files")
 
     def _copy_run_files(self) -> None:
@@ -318,16 +345,21 @@ class Mirror:
                 self.fs.pipe_file(f"{self.root}/{name}", data)
 
     def _prune(self, just_copied: str | None) -> None:
-        "Delete copied steps the run folder no longer holds (Orbax pruned them), except the one just copied and the newest `keep` copies."
-        held = {p.name for p in self.run_dir.glob(f"{STEP_PREFIX}_*") if p.is_dir() and _step_of(p.name) is not None} | {just_copied}
-        copies = sorted((n for n in (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)) if _step_of(n) is not None), key=_step_of)
-        held |= set(copies[-self.keep:]) if self.keep else set()  # a run resumed into an empty folder holds few steps: keep the copy's older ones
+        ("Delete copied steps the run folder no longer holds (Orbax pruned them), "
+         "except the one just copied and the newest `keep` copies.")
+        held = {p.name for p in self.run_dir.glob(f"{STEP_PREFIX}_*")
+                if p.is_dir() and _step_of(p.name) is not None} | {just_copied}
+        copies = sorted((n for n in (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
+                         if _step_of(n) is not None), key=_step_of)
+        # a run resumed into an empty folder holds few steps: keep the copy's older ones
+        held |= set(copies[-self.keep:]) if self.keep else set()
         for name in copies:
             if name not in held:
                 self._remove(f"{self.root}/{name}")
 
     def close(self, timeout: float | None = None) -> dict:
-        "Once every save has ended (committed or failed): wait for the copies (at most `timeout` seconds), stop the threads, and return `{'to', 'copied', 'failed'}`."
+        ("Once every save has ended (committed or failed): wait for the copies (at most `timeout` seconds), "
+         "stop the threads, and return `{'to', 'copied', 'failed'}`.")
         deadline = None if timeout is None else time.monotonic() + timeout
         self.settled.set()
         for w in self.watchers:
@@ -355,18 +387,31 @@ def is_url(path) -> bool:
     "Whether `path` names a bucket (`s3://`, `gs://`, `az://`, ...) rather than a local folder."
     return "://" in str(path)
 
+def _download_step(fs: fsspec.AbstractFileSystem, root: str, name: str, local: Path) -> dict:
+    "Download the copied folder `name` into `local`, checked against the copy's record; returns its files and sizes."
+    files = json.loads(fs.cat_file(f"{root}/{name}/{COMPLETE}"))["files"]
+    for rel in files:
+        (local / name / rel).parent.mkdir(parents=True, exist_ok=True)
+    fs.get([f"{root}/{name}/{rel}" for rel in files], [str(local / name / rel) for rel in files])
+    if manifest(local / name) != files:
+        raise OSError("the downloaded files differ from the copy's record")
+    return files
+
 def fetch_run(dest: Destination, into: str | Path | None = None, say=print) -> Path:
-    "Download the newest complete step of a copied run (or the `checkpoint_step_N` its URL names), with its JSON files, into a local run folder."
+    ("Download the newest complete step of a copied run (or the `checkpoint_step_N` its URL names), "
+     "with its JSON files, into a local run folder.")
     run, step = _run_root(dest)
     fs, root = run.filesystem()
     try:
         found = _with_deadline(lambda: complete_steps(run), 60)
     except Exception as e:
-        raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): check the name, the network and the credentials") from None
+        raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): "
+                          "check the name, the network and the credentials") from None
     candidates = [step] if step is not None else found[::-1]
     if not found or (step is not None and step not in found):
         what = f"no complete copy of step {step}" if step is not None else "no complete checkpoint copy"
-        raise TinyLMError(f"{dest.url} holds {what} (complete steps there: {', '.join(map(str, found)) or 'none'}): pass the run's bucket URL, as --cloud-prefix wrote it")
+        raise TinyLMError(f"{dest.url} holds {what} (complete steps there: {', '.join(map(str, found)) or 'none'}): "
+                          "pass the run's bucket URL, as --cloud-prefix wrote it")
     local = Path(into) if into is not None else Path(tempfile.mkdtemp(prefix="tiny_lm_resume_"))
     if into is None:
         atexit.register(shutil.rmtree, local, True)
@@ -378,12 +423,7 @@ def fetch_run(dest: Destination, into: str | Path | None = None, say=print) -> P
     for s in candidates:
         name = f"{STEP_PREFIX}_{s}"
         try:
-            files = json.loads(fs.cat_file(f"{root}/{name}/{COMPLETE}"))["files"]
-            for rel in files:
-                (local / name / rel).parent.mkdir(parents=True, exist_ok=True)
-            fs.get([f"{root}/{name}/{rel}" for rel in files], [str(local / name / rel) for rel in files])
-            if manifest(local / name) != files:
-                raise OSError("the downloaded files differ from the copy's record")
+            files = _download_step(fs, root, name, local)
         except Exception as e:
             shutil.rmtree(local / name, ignore_errors=True)
             errors.append(f"step {s}: {dest.say_error(e)}")
@@ -403,5 +443,6 @@ def run_id_of(dest: Destination) -> tuple[str | None, list[int]]:
         record = _with_deadline(lambda: _read_json(fs, f"{root}/{RUN_FILE}"), 60)
         steps = complete_steps(run)
     except Exception as e:
-        raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): check the name, the network and the credentials") from None
+        raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): "
+                          "check the name, the network and the credentials") from None
     return (record or {}).get("run_id"), steps

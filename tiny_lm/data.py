@@ -66,7 +66,8 @@ class DataConfig:
     def __post_init__(self):
         frac = _as_fraction(self.val_split)
         if frac is not None and not 0 < frac < 1:
-            raise TinyLMError(f"--val-split {self.val_split} must be a split name, 'auto', or a fraction between 0 and 1")
+            raise TinyLMError(f"--val-split {self.val_split} must be a split name, 'auto', "
+                              "or a fraction between 0 and 1")
         for name in ("max_train_examples", "max_val_examples", "stride", "shuffle_buffer_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -105,7 +106,8 @@ _FORMATS = {".txt": "text", ".jsonl": "jsonl", ".json": "json", ".parquet": "par
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 def file_format(path: Path) -> str | None:
-    "The format of a data file from its name ('text', 'jsonl', 'json', 'parquet', 'csv'; `.gz` allowed but for parquet), or None."
+    ("The format of a data file from its name ('text', 'jsonl', 'json', 'parquet', 'csv'; "
+     "`.gz` allowed but for parquet), or None.")
     name = path.name.lower()
     gz = name.endswith(".gz")
     fmt = _FORMATS.get(Path(name[:-3] if gz else name).suffix)
@@ -121,10 +123,12 @@ def source_kind(dataset_id: str) -> str:
     if path.exists():
         return "local"
     if dataset_id.startswith(("/", ".", "~")) or file_format(path) or "\\" in dataset_id:
-        raise TinyLMError(f"dataset path {dataset_id} does not exist: check the path, or use --dataset-id {BUILTIN_CORPUS}")
+        raise TinyLMError(f"dataset path {dataset_id} does not exist: "
+                          f"check the path, or use --dataset-id {BUILTIN_CORPUS}")
     if _HUB_ID.match(dataset_id):
         return "hub"
-    raise TinyLMError(f"--dataset-id {dataset_id!r} is neither an existing file or folder nor a hub id like 'owner/name': check the spelling")
+    raise TinyLMError(f"--dataset-id {dataset_id!r} is neither an existing file or folder "
+                      "nor a hub id like 'owner/name': check the spelling")
 
 # %% ../nbs/03_data.ipynb #b2e72ea3
 def _open_binary(path: Path):
@@ -149,7 +153,8 @@ def _decode(piece: bytes, path: Path, pos: int) -> str:
     try:
         return piece.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise TinyLMError(f"{path} is not UTF-8 text (byte {pos + e.start} cannot be decoded): convert it to UTF-8, or leave it out of --dataset-id") from None
+        raise TinyLMError(f"{path} is not UTF-8 text (byte {pos + e.start} cannot be decoded): "
+                          "convert it to UTF-8, or leave it out of --dataset-id") from None
 
 # %% ../nbs/03_data.ipynb #1a1db2e1
 def _rows_text(path: Path, start, column=None):
@@ -173,9 +178,11 @@ def _rows_jsonl(path: Path, start, column=None):
             try:
                 row = json.loads(piece)
             except ValueError:
-                raise TinyLMError(f"{path} has a line that is not JSON at byte {at}: fix the file, or leave it out") from None
+                raise TinyLMError(f"{path} has a line that is not JSON at byte {at}: "
+                                  "fix the file, or leave it out") from None
             if not isinstance(row, dict):
-                raise TinyLMError(f"{path} holds JSON lines that are not objects: each line must be like {{\"text\": \"...\"}}")
+                raise TinyLMError(f"{path} holds JSON lines that are not objects: "
+                                  "each line must be like {\"text\": \"...\"}")
             yield (row if column is None else row.get(column)), end
 
 def _rows_json(path: Path, start, column=None):
@@ -248,7 +255,9 @@ def _guarded(rows: Iterator, path: str) -> Iterator:
     except GeneratorExit:  # closed early (and at interpreter exit, when module globals may be gone)
         raise
     except (OSError, EOFError, ValueError, zlib.error) as e:
-        raise TinyLMError(f"cannot read {path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no details'}): the file is damaged; fix or remove it") from None
+        raise TinyLMError(f"cannot read {path} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else 'no details'}): "
+                          "the file is damaged; fix or remove it") from None
 
 def _hub_rows(stream, start, column):
     stream.load_state_dict(start)  # also rewinds a stream that was read before
@@ -258,7 +267,8 @@ def _hub_rows(stream, start, column):
 # %% ../nbs/03_data.ipynb #365ed9e2
 class TextSource:
     "A resolved dataset: the shards of its train and validation splits, and how to read documents from them."
-    def __init__(self, cfg: DataConfig, splits: dict[str, list[Shard]], separator: str, fingerprint: dict, size_bytes: int | None):
+    def __init__(self, cfg: DataConfig, splits: dict[str, list[Shard]], separator: str, fingerprint: dict,
+                 size_bytes: int | None):
         self.cfg, self.splits, self.separator, self.fingerprint = cfg, splits, separator, fingerprint
         self.size_bytes = size_bytes  # bytes of text of the training split (None: unknown, a hub stream)
         self.val_name, self.val_fraction = _choose_validation(cfg, splits)
@@ -280,7 +290,8 @@ class TextSource:
                 yield (value if keep else None), s, pos, row
 
     def chunks(self, which: str, start: dict | None = None, docs_per_chunk: int = 64,
-               process_index: int = 0, process_count: int = 1, epochs: int | None = None) -> Iterator[tuple[list[str], dict]]:
+               process_index: int = 0, process_count: int = 1,
+               epochs: int | None = None) -> Iterator[tuple[list[str], dict]]:
         "Groups of documents of this process's share, each with the position after it; epoch after epoch."
         pos = dict(start or START)
         limit = self.cfg.max_val_examples if which == "val" else self.cfg.max_train_examples
@@ -298,7 +309,9 @@ class TextSource:
                     yield texts, _resolved(pos)
                     texts = []
             if not found:
-                raise TinyLMError(f"the {which} split of {self.cfg.dataset_id} holds no text in column {self.cfg.text_column!r} (every row is empty or blank): pass a dataset with text in it")
+                raise TinyLMError(f"the {which} split of {self.cfg.dataset_id} holds no text in column "
+                                  f"{self.cfg.text_column!r} (every row is empty or blank): "
+                                  "pass a dataset with text in it")
             pos = {**START, "epoch": pos["epoch"] + 1}
             if texts:
                 yield texts, pos
@@ -324,19 +337,23 @@ def _choose_validation(cfg: DataConfig, splits: dict) -> tuple[str | None, float
     if cfg.val_split == "auto":
         return ("validation", None) if "validation" in splits else (None, AUTO_VAL_FRACTION)
     if cfg.val_split not in splits:
-        raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.val_split!r} (it has {', '.join(splits)}): pass --val-split with one of those, or a fraction like 0.05")
+        raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.val_split!r} (it has {', '.join(splits)}): "
+                          "pass --val-split with one of those, or a fraction like 0.05")
     return cfg.val_split, None
 
 # %% ../nbs/03_data.ipynb #dba16c85
 def _local_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.rglob("*") if file_format(p) and p.is_file()) if path.is_dir() else [path]
     if not files:
-        raise TinyLMError(f"folder {path} has no .txt, .jsonl, .json, .parquet or .csv files (or .gz of them): point --dataset-id at a folder of data files")
+        raise TinyLMError(f"folder {path} has no .txt, .jsonl, .json, .parquet or .csv files (or .gz of them): "
+                          "point --dataset-id at a folder of data files")
     kinds = {file_format(p) for p in files}
     if None in kinds:
-        raise TinyLMError(f"{path} is not a .txt, .jsonl, .json, .parquet or .csv file (or .gz of one): convert it, or point --dataset-id at one of those")
+        raise TinyLMError(f"{path} is not a .txt, .jsonl, .json, .parquet or .csv file (or .gz of one): "
+                          "convert it, or point --dataset-id at one of those")
     if len(kinds) > 1:
-        raise TinyLMError(f"folder {path} mixes file types ({', '.join(sorted(kinds))}): keep one kind of file per folder")
+        raise TinyLMError(f"folder {path} mixes file types ({', '.join(sorted(kinds))}): "
+                          "keep one kind of file per folder")
     return files
 
 def _gzip_size(path: Path) -> int:
@@ -349,7 +366,8 @@ def _open_local(cfg: DataConfig):
     files = _local_files(Path(cfg.dataset_id).expanduser())
     fmt = file_format(files[0])
     if fmt == "text" and cfg.text_column != "text":
-        raise TinyLMError(f"--text-column {cfg.text_column} does not apply to .txt files (their text is the whole file): leave it out")
+        raise TinyLMError(f"--text-column {cfg.text_column} does not apply to .txt files "
+                          "(their text is the whole file): leave it out")
     if cfg.split != "train":
         raise TinyLMError(f"local files have a single split, 'train': leave out --split {cfg.split}")
     fingerprint = {"files": [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]}
@@ -360,18 +378,22 @@ def _open_builtin(cfg: DataConfig):
     root = Path(sysconfig.get_paths()["stdlib"])
     files = builtin_corpus_files()
     val = [Shard("document", str(f)) for f in files if _held_out(f.relative_to(root).as_posix(), AUTO_VAL_FRACTION)]
-    train = [Shard("document", str(f)) for f in files if not _held_out(f.relative_to(root).as_posix(), AUTO_VAL_FRACTION)]
+    train = [Shard("document", str(f)) for f in files
+             if not _held_out(f.relative_to(root).as_posix(), AUTO_VAL_FRACTION)]
     fingerprint = {"python": sys.version.split()[0], "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
     return {"train": train, "validation": val}, EOT, fingerprint, fingerprint["bytes"]
 
 def _hub_answers(timeout: float = 5.0) -> bool:
-    "Whether the hub's host takes a connection within `timeout` seconds (through a proxy: assumed), so that no network fails fast."
+    ("Whether the hub's host takes a connection within `timeout` seconds (through a proxy: assumed), "
+     "so that no network fails fast.")
     from huggingface_hub import constants
-    if constants.HF_HUB_OFFLINE or any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(k)
+                                       for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return True  # offline mode fails on its own, at once; a proxy reaches what we cannot
     url = urllib.parse.urlparse(constants.ENDPOINT)
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout).close()
         return True
     except OSError:
         return False
@@ -379,19 +401,22 @@ def _hub_answers(timeout: float = 5.0) -> bool:
 def _open_hub(cfg: DataConfig):
     from datasets import load_dataset
     from datasets.exceptions import DatasetNotFoundError
-    unreachable = TinyLMError(f"cannot reach the Hugging Face hub to load {cfg.dataset_id!r} (no network?): connect to the internet, "
-                              f"or pass a local file or folder, or --dataset-id {BUILTIN_CORPUS}")
+    unreachable = TinyLMError(f"cannot reach the Hugging Face hub to load {cfg.dataset_id!r} (no network?): "
+                              "connect to the internet, or pass a local file or folder, "
+                              f"or --dataset-id {BUILTIN_CORPUS}")
     if not _hub_answers():  # without this, datasets retries for half a minute
         raise unreachable
     try:
         splits = load_dataset(cfg.dataset_id, cfg.dataset_config, streaming=True)
     except DatasetNotFoundError:
-        raise TinyLMError(f"no dataset {cfg.dataset_id!r} on the Hugging Face hub (or it is private): check the id, or pass a local file or {BUILTIN_CORPUS}") from None
+        raise TinyLMError(f"no dataset {cfg.dataset_id!r} on the Hugging Face hub (or it is private): "
+                          f"check the id, or pass a local file or {BUILTIN_CORPUS}") from None
     except ConnectionError:
         raise unreachable from None
     except ValueError as e:  # e.g. a missing or unknown configuration name
         raise TinyLMError(f"cannot load {cfg.dataset_id!r}: {str(e).splitlines()[0]} (set --dataset-config)") from None
-    return {k: [Shard("hub", stream=v, start=v.state_dict())] for k, v in splits.items()}, EOT, {"hub": cfg.dataset_id, "config": cfg.dataset_config}, None
+    return ({k: [Shard("hub", stream=v, start=v.state_dict())] for k, v in splits.items()}, EOT,
+            {"hub": cfg.dataset_id, "config": cfg.dataset_config}, None)
 
 # %% ../nbs/03_data.ipynb #f6901965
 def _first_row(shards: list[Shard]) -> dict | None:
@@ -406,18 +431,25 @@ def open_source(cfg: DataConfig) -> TextSource:
     try:
         splits, separator, fingerprint, size = opener(cfg)
         if cfg.split not in splits:
-            raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.split!r} (it has {', '.join(splits)}): pass --split with one of those")
+            raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.split!r} (it has {', '.join(splits)}): "
+                              "pass --split with one of those")
         first = _first_row(splits[cfg.split])
     except TinyLMError:
         raise
     except Exception as e:  # a corrupt parquet or gzip file...
-        raise TinyLMError(f"cannot read {cfg.dataset_id} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no details'}): check that its files are valid") from None
+        raise TinyLMError(f"cannot read {cfg.dataset_id} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else 'no details'}): "
+                          "check that its files are valid") from None
     if first is None:
-        raise TinyLMError(f"dataset {cfg.dataset_id} is empty (its {cfg.split!r} split has no rows): pass a dataset with text in it")
+        raise TinyLMError(f"dataset {cfg.dataset_id} is empty (its {cfg.split!r} split has no rows): "
+                          "pass a dataset with text in it")
     if cfg.text_column not in first:
-        raise TinyLMError(f"dataset {cfg.dataset_id} has no column {cfg.text_column!r}; its columns are {', '.join(first)}: pass --text-column with one of those")
+        raise TinyLMError(f"dataset {cfg.dataset_id} has no column {cfg.text_column!r}; "
+                          f"its columns are {', '.join(first)}: pass --text-column with one of those")
     if not isinstance(first[cfg.text_column], (str, type(None))):
-        raise TinyLMError(f"column {cfg.text_column!r} of {cfg.dataset_id} holds {type(first[cfg.text_column]).__name__}, not text; its columns are {', '.join(first)}: pass --text-column with a text column")
+        raise TinyLMError(f"column {cfg.text_column!r} of {cfg.dataset_id} holds "
+                          f"{type(first[cfg.text_column]).__name__}, not text; its columns are {', '.join(first)}: "
+                          "pass --text-column with a text column")
     return TextSource(cfg, splits, separator, fingerprint, size)
 
 # %% ../nbs/03_data.ipynb #2f7e7379
@@ -427,7 +459,8 @@ def token_dtype(vocab_size: int) -> type:
 
 def tokenize_documents(
     docs, tokenizer: Tokenizer,
-    separator: str = EOT,  # EOT: the tokenizer's document separator after every document; else a string appended to each
+    # EOT: the tokenizer's document separator after every document; else a string appended to each
+    separator: str = EOT,
     batch_docs: int = 512,  # documents per call to the Rust encoder
 ) -> np.ndarray:
     "Encode documents into one flat token array, each followed by the separator."
@@ -457,7 +490,8 @@ def _receive(pipe) -> bytes | None:
 def serve_encoder() -> None:
     "A tokenizer worker's main loop: a tokenizer, then chunks of documents on stdin; their tokens, in order, on stdout."
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process, which stops its workers
-    requests, replies, sys.stdout = sys.stdin.buffer, sys.stdout.buffer, sys.stderr  # nothing else may write to the pipe
+    # nothing else may write to the pipe
+    requests, replies, sys.stdout = sys.stdin.buffer, sys.stdout.buffer, sys.stderr
     tokenizer_json, separator = pickle.loads(_receive(requests))
     tokenizer = Tokenizer.from_str(tokenizer_json)
     inbox = queue.SimpleQueue()  # read on a thread: the main process never blocks writing while this one encodes
@@ -511,7 +545,8 @@ def _worker_died(worker: subprocess.Popen) -> TinyLMError:
 
 # %% ../nbs/03_data.ipynb #6eef424f
 class TokenizerPool:
-    "Encode chunks of documents in worker processes (0: in this process), results in order; a dead worker raises at once."
+    ("Encode chunks of documents in worker processes (0: in this process), results in order; "
+     "a dead worker raises at once.")
     def __init__(self, tokenizer: Tokenizer, separator: str = EOT, num_workers: int = 2):
         self.tokenizer, self.separator, self.num_workers = tokenizer, separator, num_workers
         self.dtype = token_dtype(tokenizer.get_vocab_size())
@@ -556,7 +591,8 @@ class TokenizerPool:
     def __exit__(self, *exc): self.close()
 
 # %% ../nbs/03_data.ipynb #e8379918
-_CACHE_FIELDS = ("dataset_id", "dataset_config", "text_column", "split", "val_split", "max_train_examples", "max_val_examples")
+_CACHE_FIELDS = ("dataset_id", "dataset_config", "text_column", "split", "val_split", "max_train_examples",
+                 "max_val_examples")
 
 def _cache_key(source: TextSource, which: str, tokenizer: Tokenizer) -> str:
     spec = dict({k: getattr(source.cfg, k) for k in _CACHE_FIELDS}, which=which, source=source.fingerprint,
@@ -565,7 +601,8 @@ def _cache_key(source: TextSource, which: str, tokenizer: Tokenizer) -> str:
 
 def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
                 num_workers: int = 0) -> np.ndarray:
-    "One epoch of the 'train' or 'val' split: memory-mapped from `cache_dir` (built there first if needed), or in memory."
+    ("One epoch of the 'train' or 'val' split: memory-mapped from `cache_dir` (built there first if needed), "
+     "or in memory.")
     dtype = token_dtype(tokenizer.get_vocab_size())
     chunks = source.chunks(which, epochs=1, docs_per_chunk=256)
     if cache_dir is None:
@@ -607,7 +644,8 @@ class Batches:
         self.stride, self.process_index, self.process_count = stride or seq_len, process_index, process_count
         self.n_windows = max(0, (len(tokens) - seq_len - 1) // self.stride + 1)
         if self.n_windows < 1:
-            raise TinyLMError(f"only {len(tokens)} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}: use more data or a smaller --seq-len")
+            raise TinyLMError(f"only {len(tokens)} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}: "
+                              "use more data or a smaller --seq-len")
 
     @property
     def steps_per_epoch(self) -> float:
@@ -630,14 +668,16 @@ class Batches:
 
 # %% ../nbs/03_data.ipynb #4201733f
 class StreamingBatches:
-    "Shuffled `[B, seq_len + 1]` batches packed from a document stream; `state()` after any batch resumes exactly there."
+    ("Shuffled `[B, seq_len + 1]` batches packed from a document stream; "
+     "`state()` after any batch resumes exactly there.")
     def __init__(self, source: TextSource, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
                  stride: int | None = None, buffer_size: int = 1000, num_workers: int = 2,
                  process_index: int = 0, process_count: int = 1, state: dict | None = None):
         self.source, self.tokenizer, self.num_workers = source, tokenizer, num_workers
         self.spec = dict(seq_len=seq_len, stride=stride or seq_len, batch_size=batch_size, buffer_size=buffer_size,
                          seed=seed, process_index=process_index, process_count=process_count)
-        self.batch_size, self.window, self.stride, self.buffer_size = batch_size, seq_len + 1, stride or seq_len, buffer_size
+        self.batch_size, self.window, self.stride, self.buffer_size = (
+            batch_size, seq_len + 1, stride or seq_len, buffer_size)
         self._position, self._rest, self._buffer, self.batches_done = dict(START), np.zeros(0, np.uint32), [], 0
         self._rng = np.random.Generator(np.random.PCG64([seed, process_index]))
         self._pool, self._iter = None, None
@@ -685,9 +725,11 @@ class StreamingBatches:
     def snapshot(self) -> Callable[[], dict]:
         "A cheap, frozen view of the state after the last batch; call it to get `state()`."
         position, rest, buffer = dict(self._position), self._rest, list(self._buffer)
-        rng, done, spec, dtype = self._rng.bit_generator.state, self.batches_done, dict(self.spec), token_dtype(self.tokenizer.get_vocab_size())
+        rng, done, spec, dtype = (self._rng.bit_generator.state, self.batches_done, dict(self.spec),
+                                  token_dtype(self.tokenizer.get_vocab_size()))
         return lambda: {"kind": "stream", "spec": spec, "position": position, "rng": rng, "batches": done,
-                        "rest": np.asarray(rest, dtype), "buffer": np.asarray(buffer, dtype).reshape(len(buffer), self.window)}
+                        "rest": np.asarray(rest, dtype),
+                        "buffer": np.asarray(buffer, dtype).reshape(len(buffer), self.window)}
 
     def state(self) -> dict:
         "Everything needed to continue after the last batch: JSON-ready values and two arrays."
@@ -696,10 +738,12 @@ class StreamingBatches:
     def load_state(self, state: dict) -> None:
         "Continue from a `state()` (checked against this stream's settings)."
         if state.get("kind") != "stream":
-            raise TinyLMError("the checkpoint holds no streaming data state (it was a cached run): resume with --no-streaming")
+            raise TinyLMError("the checkpoint holds no streaming data state (it was a cached run): "
+                              "resume with --no-streaming")
         changed = {k: (v, self.spec[k]) for k, v in state["spec"].items() if self.spec.get(k) != v}
         if changed:
-            raise TinyLMError("cannot resume the data stream with other settings (" + ", ".join(f"{k}: saved {a}, now {b}" for k, (a, b) in changed.items())
+            raise TinyLMError("cannot resume the data stream with other settings ("
+                              + ", ".join(f"{k}: saved {a}, now {b}" for k, (a, b) in changed.items())
                               + "): use the saved values, or start a new run")
         self._position, self.batches_done = dict(state["position"]), int(state["batches"])
         self._rest, self._buffer = np.asarray(state["rest"]), list(np.asarray(state["buffer"]))
@@ -710,13 +754,15 @@ def eval_windows(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches:
     "Up to `max_batches` batches of consecutive, non-overlapping validation windows (the last may be short)."
     n = min(max_batches * batch_size, (len(tokens) - 1) // seq_len)
     if n < 1:
-        raise TinyLMError(f"the validation split has only {len(tokens)} tokens, fewer than one window of {seq_len + 1}: use a larger --val-split or a smaller --seq-len")
+        raise TinyLMError(f"the validation split has only {len(tokens)} tokens, "
+                          f"fewer than one window of {seq_len + 1}: use a larger --val-split or a smaller --seq-len")
     windows = tokens[np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)].astype(np.int32)
     return [windows[i:i + batch_size] for i in range(0, n, batch_size)]
 
 # %% ../nbs/03_data.ipynb #27ee811f
 class Prefetcher:
-    "Call `produce()` on a background thread, keeping up to `depth` results ready; `waited` is the seconds `next` blocked."
+    ("Call `produce()` on a background thread, keeping up to `depth` results ready; "
+     "`waited` is the seconds `next` blocked.")
     def __init__(self, produce: Callable[[], object], depth: int = 4):
         self._produce, self._queue, self._stop = produce, queue.Queue(depth), threading.Event()
         self.waited = 0.0
@@ -757,8 +803,11 @@ def step_batches(batches, start_step: int = 0, accum_steps: int = 1, depth: int 
     "(batch, data state or None) for every optimizer step from `start_step`, made on a background thread."
     if isinstance(batches, StreamingBatches):
         if batches.batches_done != start_step * accum_steps:
-            raise TinyLMError(f"the data stream is at micro-batch {batches.batches_done} but training resumes at step {start_step}: restore the stream state saved with that step")
-        return Prefetcher(lambda: (np.concatenate([next(batches) for _ in range(accum_steps)]), batches.snapshot()), depth)
+            raise TinyLMError(f"the data stream is at micro-batch {batches.batches_done} "
+                              f"but training resumes at step {start_step}: "
+                              "restore the stream state saved with that step")
+        return Prefetcher(
+            lambda: (np.concatenate([next(batches) for _ in range(accum_steps)]), batches.snapshot()), depth)
     steps = iter(range(start_step, 2**62))
     def produce():
         step = next(steps)

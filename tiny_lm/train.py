@@ -57,7 +57,8 @@ class TrainConfig:
     eval_batches: int = 10  # validation batches per evaluation
     log_every: int = 10  # progress-bar update interval, in steps
     save_every: int = 200  # checkpoint interval, in steps (and at the end)
-    save_every_minutes: float = 10.0  # also checkpoint when this many minutes passed since the last save (0: by steps only)
+    # also checkpoint when this many minutes passed since the last save (0: by steps only)
+    save_every_minutes: float = 10.0
     keep_checkpoints: int = 2  # checkpoint_step_N folders kept (newest first), besides the best by validation loss
     seed: int = 0  # seeds parameters and batch order
     max_skipped_steps: int = 5  # non-finite gradients in a row (updates skipped) that stop the run
@@ -65,16 +66,19 @@ class TrainConfig:
     def __post_init__(self):
         if self.max_steps is None and self.epochs is None:
             raise TinyLMError("give --max-steps or --epochs: a run needs an end")
-        for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every", "max_skipped_steps", "keep_checkpoints"):
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every",
+                     "save_every", "max_skipped_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 1 or self.epochs is not None and self.epochs <= 0:
-            raise TinyLMError(f"--max-steps must be at least 1 and --epochs more than 0 (got {self.max_steps} and {self.epochs})")
+            raise TinyLMError(f"--max-steps must be at least 1 and --epochs more than 0 "
+                              f"(got {self.max_steps} and {self.epochs})")
         for name in ("warmup_steps", "weight_decay", "grad_clip", "seed"):
             if getattr(self, name) < 0:
                 raise TinyLMError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")
         if self.save_every_minutes < 0:
-            raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), got {self.save_every_minutes}")
+            raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), "
+                              f"got {self.save_every_minutes}")
         if self.learning_rate <= 0:
             raise TinyLMError(f"--learning-rate must be positive, got {self.learning_rate}")
 
@@ -114,7 +118,8 @@ def decay_mask(params) -> object:
 
 def make_optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformation:
     "Global-norm clipping then AdamW with the schedule (decay on `decay_mask`), all skipped on non-finite gradients."
-    adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=decay_mask)
+    adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay,
+                        mask=decay_mask)
     tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw) if cfg.grad_clip > 0 else adamw
     return optax.apply_if_finite(tx, max_consecutive_errors=2**30)  # fit decides when to stop
 
@@ -131,7 +136,8 @@ def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | No
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, batch_BT[:, 1:]).mean()
 
 # %% ../nbs/04_train.ipynb #44f576fc
-def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param, dropout_key: jax.Array | None = None):
+def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param,
+           dropout_key: jax.Array | None = None):
     "Mean loss and gradients (of the `wrt` parameters) over `accum_steps` micro-batches of `batch_BT`."
     graphdef, params, rest = nnx.split(model, wrt, ...)
     grad_fn = jax.value_and_grad(lambda params, b, key: loss_fn(nnx.merge(graphdef, params, rest), b, key))
@@ -147,7 +153,8 @@ def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Pa
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
 def _replicated_mesh(state) -> Mesh | None:
-    "The mesh of several devices that holds every array of `state` whole on each device (None: one device, or a sharded array)."
+    ("The mesh of several devices that holds every array of `state` whole on each device "
+     "(None: one device, or a sharded array).")
     shardings = {x.sharding for x in jax.tree.leaves(state) if isinstance(x, jax.Array)}
     meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
     if len(meshes) != 1 or not all(isinstance(s, NamedSharding) and s.is_fully_replicated for s in shardings):
@@ -156,7 +163,8 @@ def _replicated_mesh(state) -> Mesh | None:
     return mesh if mesh.size > 1 else None
 
 def _data_parallel_grads(mesh: Mesh, model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param):
-    "`_grads` of each device's own rows, then one mean over the devices of every gradient at once, flattened into one vector."
+    ("`_grads` of each device's own rows, then one mean over the devices of every gradient at once, "
+     "flattened into one vector.")
     graphdef, params, rest = nnx.split(model, wrt, ...)
     axes = tuple(mesh.axis_names)
     def local(params, rest, rows_BT):
@@ -164,7 +172,8 @@ def _data_parallel_grads(mesh: Mesh, model: Transformer, batch_BT: jax.Array, ac
         flat, unflatten = ravel_pytree(grads)
         return jax.lax.pmean(loss, axes), unflatten(jax.lax.pmean(flat, axes))
     # check_vma off: cpu_matmul's custom VJP (01_model) does not mark its weight gradients as varying over the devices
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axes)), out_specs=P(), check_vma=False)(params, rest, batch_BT)
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axes)), out_specs=P(),
+                         check_vma=False)(params, rest, batch_BT)
 
 @cache
 def _cpu_options() -> tuple[tuple[str, str], ...]:
@@ -178,11 +187,13 @@ def _cpu_options() -> tuple[tuple[str, str], ...]:
     return options
 
 def compiler_options() -> dict:
-    "XLA options for the train and eval steps: on a CPU, YNNPACK library fusions off and the tree-reduction rewrite off (7–10 % and 8–11 % faster steps measured); none elsewhere."
+    ("XLA options for the train and eval steps: on a CPU, YNNPACK library fusions off and the tree-reduction "
+     "rewrite off (7–10 % and 8–11 % faster steps measured); none elsewhere.")
     return dict(_cpu_options())
 
 def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0):
-    "A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the initial state."
+    ("A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, "
+     "and the initial state.")
     graphdef, state = nnx.split((model, optimizer))
     use_dropout = model.cfg.dropout_rate > 0
     # data parallel on a CPU: one all-reduce of all gradients, after the accumulation (05_parallel, "One all-reduce")
@@ -197,7 +208,8 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
         else:
             loss, grads = _grads(model, batch_BT, accum_steps, optimizer.wrt, key)
         optimizer.update(model, grads)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "skipped": optimizer.opt_state.notfinite_count[...]}
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+                   "skipped": optimizer.opt_state.notfinite_count[...]}
         return nnx.state((model, optimizer)), metrics
     return train_step, state
 
@@ -218,7 +230,8 @@ def evaluate(eval_step, state, val_batches: Sequence[np.ndarray], put: Callable 
     return float(sum(losses) / sum(len(b) for b in val_batches))
 
 # %% ../nbs/04_train.ipynb #3a9c7211
-PEAK_FLOPS: dict[str, tuple[float, float]] = {  # device kind substring: dense FLOP/s per chip (bf16/fp16, fp32 as XLA runs it)
+# device kind substring: dense FLOP/s per chip (bf16/fp16, fp32 as XLA runs it)
+PEAK_FLOPS: dict[str, tuple[float, float]] = {
     "TPU v2": (45e12, 45e12), "TPU v3": (123e12, 123e12), "TPU v4": (275e12, 275e12),
     "TPU v5 lite": (197e12, 197e12), "TPU v5e": (197e12, 197e12), "TPU v5": (459e12, 459e12),
     "TPU v6 lite": (918e12, 918e12), "TPU v6e": (918e12, 918e12), "TPU7x": (2307e12, 2307e12),
@@ -249,7 +262,8 @@ def cpu_peak_flops(cache: Path | None = None) -> float:
             a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
             matmul = jax.jit(lambda a: a @ a)
             matmul(a).block_until_ready()
-            for _ in range(max(20, int(4e10 / (2 * n**3)))):  # ~0.2 s per size: a few calls leave the threads asleep and halve the figure
+            # ~0.2 s per size: a few calls leave the threads asleep and halve the figure
+            for _ in range(max(20, int(4e10 / (2 * n**3)))):
                 started = time.perf_counter()
                 matmul(a).block_until_ready()
                 best = max(best, 2 * n**3 / (time.perf_counter() - started))
@@ -262,7 +276,8 @@ def cpu_peak_flops(cache: Path | None = None) -> float:
     return known[key]
 
 def peak_flops(dtype: str = "float32", devices: Sequence | None = None) -> float | None:
-    "Peak FLOP/s of `devices` (default: all) computing in `dtype`: the table × the device count, the measured CPU peak, or None if unknown."
+    ("Peak FLOP/s of `devices` (default: all) computing in `dtype`: the table × the device count, "
+     "the measured CPU peak, or None if unknown.")
     devices = devices or jax.devices()
     if devices[0].platform == "cpu":
         return cpu_peak_flops()
@@ -281,7 +296,8 @@ class TrainLog:
     flops_per_token: float = 0.0  # model FLOPs per training token (02_sizing)
     peak_flops: float | None = None  # peak FLOP/s of the devices (None: unknown, no MFU)
     started: float = field(default_factory=time.perf_counter)  # perf_counter() at the start
-    history: list[dict] = field(default_factory=list)  # {step, loss, grad_norm, lr, skipped, tokens_per_sec, mfu, outside_step_fraction, time}
+    # {step, loss, grad_norm, lr, skipped, tokens_per_sec, mfu, outside_step_fraction, time}
+    history: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)  # {step, val_loss}
     steps: int = 0  # optimizer steps run in this call
     seconds: float = 0.0  # wall time of the loop, compilation and evaluation included
@@ -330,7 +346,8 @@ def _write_jsonl(path: Path | None, record: dict) -> None:
         with path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
-def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped: int, metrics_path: Path | None) -> None:
+def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped: int,
+            metrics_path: Path | None) -> None:
     loss, skipped = float(metrics["loss"]), int(metrics["skipped"])  # float() waits for the device
     synced = time.perf_counter()
     clock = synced - run.started - run.eval_seconds
@@ -338,18 +355,21 @@ def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped
     interval = clock - prev["clock"]
     rate = run.tokens_per_step * (done - prev["step"]) / interval
     mfu = run.flops_per_token * rate / run.peak_flops if run.peak_flops else None
-    entry = dict(step=done, loss=loss, grad_norm=float(metrics["grad_norm"]), lr=lr, skipped=skipped, tokens_per_sec=rate, mfu=mfu,
-                 outside_step_fraction=(run.outside - prev["outside"]) / interval, time=synced - run.started)
+    entry = dict(step=done, loss=loss, grad_norm=float(metrics["grad_norm"]), lr=lr, skipped=skipped,
+                 tokens_per_sec=rate, mfu=mfu, outside_step_fraction=(run.outside - prev["outside"]) / interval,
+                 time=synced - run.started)
     val = {"val": f"{run.evals[-1]['val_loss']:.3f}"} if run.evals else {}
-    bar.set_postfix(loss=f"{loss:.3f}", **val, lr=f"{lr:.1e}", tok_s=f"{rate:,.0f}", **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}),
+    bar.set_postfix(loss=f"{loss:.3f}", **val, lr=f"{lr:.1e}", tok_s=f"{rate:,.0f}",
+                    **({"mfu": f"{mfu:.1%}"} if mfu is not None else {}),
                     outside=f"{entry['outside_step_fraction']:.1%}", **({"skipped": skipped} if skipped else {}))
     _write_jsonl(metrics_path, entry)
     run.history.append(entry | dict(clock=clock, outside=run.outside))
     run.outside += time.perf_counter() - synced
     if skipped >= max_skipped:
-        raise TinyLMError(f"the gradients were not finite for {skipped} steps in a row (up to step {done}); those updates were skipped, "
-                          "so the model and its last checkpoint hold the last good state: lower --learning-rate or raise --warmup-steps "
-                          "(and check the data), then continue with --resume-from")
+        raise TinyLMError(f"the gradients were not finite for {skipped} steps in a row (up to step {done}); "
+                          "those updates were skipped, so the model and its last checkpoint hold the last good state: "
+                          "lower --learning-rate or raise --warmup-steps (and check the data), "
+                          "then continue with --resume-from")
 
 def loss_figure(train: dict[int, float], val: dict[int, float]):
     "A matplotlib `Figure` of train and validation loss (`{step: loss}`) against steps."
@@ -366,7 +386,8 @@ def loss_figure(train: dict[int, float], val: dict[int, float]):
     return fig
 
 def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
-    "Draw train and validation loss against steps from a `metrics.jsonl` (a resumed run's repeated steps: the latest wins) into `loss.png`."
+    ("Draw train and validation loss against steps from a `metrics.jsonl` "
+     "(a resumed run's repeated steps: the latest wins) into `loss.png`.")
     train, val = {}, {}
     for line in metrics_path.read_text().splitlines():
         r = json.loads(line)
@@ -397,7 +418,8 @@ class LivePlot:
             return 0.0
         from IPython.display import Image, display
         buffer = io.BytesIO()
-        loss_figure({h["step"]: h["loss"] for h in run.history}, {e["step"]: e["val_loss"] for e in run.evals}).savefig(buffer, format="png", dpi=80)
+        loss_figure({h["step"]: h["loss"] for h in run.history},
+                    {e["step"]: e["val_loss"] for e in run.evals}).savefig(buffer, format="png", dpi=80)
         image = Image(buffer.getvalue())
         if self.handle is None:
             self.handle = display(image, display_id=True)
@@ -411,13 +433,15 @@ class Interrupted(Exception):
     "Training stopped on SIGTERM or Ctrl-C after `step` (its checkpoint saved when `fit` had a checkpoint callback)."
     def __init__(self, signum: int, step: int, saved: bool):
         self.signum, self.step, self.saved = signum, step, saved
-        self.exit_code = 128 + signum  # what a shell reports for a process the signal ended: 143 (SIGTERM), 130 (Ctrl-C)
+        # what a shell reports for a process the signal ended: 143 (SIGTERM), 130 (Ctrl-C)
+        self.exit_code = 128 + signum
         name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         super().__init__(f"stopped by {name} after step {step}{', its checkpoint saved' if saved else ''}")
 
 @contextmanager
 def stop_signals():
-    "While open: SIGTERM and a first Ctrl-C are appended to the yielded list (stop after this step); a second Ctrl-C interrupts at once."
+    ("While open: SIGTERM and a first Ctrl-C are appended to the yielded list (stop after this step); "
+     "a second Ctrl-C interrupts at once.")
     requested: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield requested
@@ -434,16 +458,104 @@ def stop_signals():
             signal.signal(s, handler)
 
 def _on_any_process(*values: int) -> list[int]:
-    "Each of `values` (flags, or a signal number; 0 for none), the largest over all processes: every process gets the same answers, in one exchange."
+    ("Each of `values` (flags, or a signal number; 0 for none), the largest over all processes: "
+     "every process gets the same answers, in one exchange.")
     if jax.process_count() == 1:
         return [int(v) for v in values]
     from jax.experimental import multihost_utils
     return [int(v) for v in np.max(multihost_utils.process_allgather(np.array(values, np.int32)), axis=0)]
 
+# %% ../nbs/04_train.ipynb #2c544490
+def _reporting(model: Transformer, start_step: int, peak: float | None, output_dir: Path | str | None,
+               total_steps: int, progress: bool, live_plot: bool | None):
+    "An empty `TrainLog`, and where the loop reports: metrics.jsonl (None: nowhere), the progress bar, the live plot."
+    run = TrainLog(tokens_per_step=0, start_step=start_step, flops_per_token=flops_per_token(model.cfg),
+                   peak_flops=peak if peak is not None else peak_flops(model.cfg.dtype))
+    metrics_path = Path(output_dir) / "metrics.jsonl" if output_dir is not None else None
+    bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not progress,
+               dynamic_ncols=True)
+    live = LivePlot() if (progress and in_notebook() if live_plot is None else live_plot) else None
+    return run, metrics_path, bar, live
+
+def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable, state, seq_len: int):
+    "Fetch the next batch, put it on the devices and run one step on it: `(state, metrics, data_state)`."
+    fetched = time.perf_counter()
+    batch, data_state = next(loader)
+    batch_BT = put(batch)
+    called = time.perf_counter()
+    state, metrics = train_step(state, batch_BT)
+    if run.steps == 0:  # the first call traces and compiles before it dispatches
+        run.compile_seconds, run.tokens_per_step = time.perf_counter() - called, batch_BT.shape[0] * seq_len
+        run.eval_seconds += run.compile_seconds  # out of the rates, like evaluation
+    run.outside += called - fetched
+    run.steps += 1
+    return state, metrics, data_state
+
+def _log_step(run: TrainLog, cfg: TrainConfig, done: int, total_steps: int, metrics: dict, schedule: Callable,
+              bar, live: LivePlot | None, metrics_path: Path | None) -> None:
+    "Advance the progress bar; at a log step (and the last), record the metrics and redraw the live plot."
+    if done % cfg.log_every == 0 or done == total_steps:
+        _record(run, done, metrics, float(schedule(done - 1)), bar, cfg.max_skipped_steps, metrics_path)
+        run.eval_seconds += live.update(run) if live else 0.0  # drawing is not training time
+    bar.update(1)
+
+def _due(cfg: TrainConfig, done: int, total_steps: int, val_batches, checkpoint: Callable | None,
+         requested: list[int], last_save: float) -> tuple[bool, bool, int]:
+    "What step `done` calls for, the same on every process: evaluate, save, stop (the signal number; 0: no)."
+    evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
+    stop, late = 0, False  # a signal to any process stops all; a save that is due by the clock on any process saves all
+    if jax.process_count() == 1 or done % cfg.log_every == 0:  # many processes compare notes at log steps only
+        stop, late = _on_any_process(
+            requested[0] if requested and done < total_steps else 0,
+            cfg.save_every_minutes > 0 and time.monotonic() - last_save >= 60 * cfg.save_every_minutes)
+    saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late > 0 or stop > 0)
+    return evaluating, saving, stop
+
+@contextmanager
+def _paused(run: TrainLog, metrics: dict, pausing: bool):
+    "When `pausing`, the time inside counts as evaluation and checkpointing, not training."
+    if not pausing:
+        yield
+        return
+    jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
+    paused = time.perf_counter()
+    yield
+    run.eval_seconds += time.perf_counter() - paused
+
+def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_path: Path | None, say: Callable,
+              live: LivePlot | None, on_eval: Callable | None, model: Transformer, optimizer: nnx.Optimizer, state):
+    "Record an evaluation (in `run`, metrics.jsonl, loss.png, a printed line, the live plot), then call `on_eval`."
+    run.evals.append(dict(step=done, val_loss=val_loss))
+    _write_jsonl(metrics_path, run.evals[-1])
+    if metrics_path is not None:
+        plot_losses(metrics_path)
+    say(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {val_loss:.4f}")
+    if live:
+        live.update(run, force=True)
+    if on_eval:
+        nnx.update((model, optimizer), state)
+        on_eval(done, model)
+
+def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Optimizer, state, data_state,
+          run: TrainLog) -> float:
+    "Write the state back into the objects and checkpoint them with the latest metrics; returns the time of the save."
+    nnx.update((model, optimizer), state)
+    data = {} if data_state is None else {"data": data_state()}
+    last_eval = run.evals[-1] if run.evals else {}
+    metrics = dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None)
+    checkpoint(done, model, optimizer, metrics, **data)
+    return time.monotonic()
+
+def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
+    "The finished run's totals (wall time, time waiting for data), and loss.png drawn from all of metrics.jsonl."
+    run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
+    if metrics_path is not None and metrics_path.exists():
+        plot_losses(metrics_path)
+    return run
+
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
-    model: Transformer, optimizer: nnx.Optimizer,
-    batches, cfg: TrainConfig, total_steps: int,
+    model: Transformer, optimizer: nnx.Optimizer, batches, cfg: TrainConfig, total_steps: int,
     val_batches: Sequence[np.ndarray] = (),  # fixed validation batches (none: no evaluation)
     start_step: int = 0,  # first step to run (after a restore)
     put: Callable = jnp.asarray,  # moves this process's rows of a NumPy batch onto the device(s)
@@ -451,74 +563,34 @@ def fit(
     progress: bool = True,  # show a progress bar
     log: Callable = print,  # where evaluation lines go
     output_dir: Path | str | None = None,  # append metrics.jsonl and draw loss.png here (None: neither)
-    val_put: Callable | None = None,  # moves a validation batch (the same on every process) onto the devices (default: `put`)
+    # moves a validation batch (the same on every process) onto the devices (default: `put`)
+    val_put: Callable | None = None,
     peak: float | None = None,  # peak FLOP/s of the devices, for MFU (default: `peak_flops` of the compute dtype)
-    live_plot: bool | None = None,  # redraw the loss plot below the cell as training runs (None: in a notebook, with `progress`)
+    # redraw the loss plot below the cell as training runs (None: in a notebook, with `progress`)
+    live_plot: bool | None = None,
     on_eval: Callable[[int, Transformer], None] | None = None,  # called as on_eval(step, model) after each evaluation
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
-    live = LivePlot() if (progress and in_notebook() if live_plot is None else live_plot) else None
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed)
     eval_step, schedule, val_put = make_eval_step(model, optimizer), lr_schedule(cfg, total_steps), val_put or put
-    run = TrainLog(tokens_per_step=0, start_step=start_step, flops_per_token=flops_per_token(model.cfg),
-                   peak_flops=peak if peak is not None else peak_flops(model.cfg.dtype))
-    metrics_path = Path(output_dir) / "metrics.jsonl" if output_dir is not None else None
-    bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
-    last_eval, loader = {}, step_batches(batches, start_step, cfg.gradient_accumulation_steps)
-    last_save = time.monotonic()
+    run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
+    loader, last_save = step_batches(batches, start_step, cfg.gradient_accumulation_steps), time.monotonic()
     with stop_signals() as requested:  # SIGTERM or Ctrl-C: save after this step, then stop
         try:
-            for step in range(start_step, total_steps):
-                fetched = time.perf_counter()
-                batch, data_state = next(loader)
-                batch_BT = put(batch)
-                called = time.perf_counter()
-                state, metrics = train_step(state, batch_BT)
-                if run.steps == 0:  # the first call traces and compiles before it dispatches
-                    run.compile_seconds, run.tokens_per_step = time.perf_counter() - called, batch_BT.shape[0] * model.cfg.seq_len
-                    run.eval_seconds += run.compile_seconds  # out of the rates, like evaluation
-                run.outside += called - fetched
-                done = step + 1
-                run.steps += 1
-                if done % cfg.log_every == 0 or done == total_steps:
-                    _record(run, done, metrics, float(schedule(step)), bar, cfg.max_skipped_steps, metrics_path)
-                    run.eval_seconds += live.update(run) if live else 0.0  # drawing is not training time
-                bar.update(1)
-                evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
-                agree = jax.process_count() == 1 or done % cfg.log_every == 0  # many processes compare notes at log steps only
-                stop, late = 0, False  # a signal to any process stops all; a save that is due by the clock on any process saves all
-                if agree:
-                    stop, late = _on_any_process(requested[0] if requested and done < total_steps else 0,
-                                                 cfg.save_every_minutes > 0 and time.monotonic() - last_save >= 60 * cfg.save_every_minutes)
-                saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late > 0 or stop > 0)
-                if evaluating or saving:
-                    jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
-                    paused = time.perf_counter()
+            for done in range(start_step + 1, total_steps + 1):  # `done`: the steps completed, this one included
+                state, metrics, data_state = _fetch_and_train(run, loader, put, train_step, state, model.cfg.seq_len)
+                _log_step(run, cfg, done, total_steps, metrics, schedule, bar, live, metrics_path)
+                evaluating, saving, stop = _due(cfg, done, total_steps, val_batches, checkpoint, requested, last_save)
+                with _paused(run, metrics, evaluating or saving):
                     if evaluating:
-                        last_eval = dict(step=done, val_loss=evaluate(eval_step, state, val_batches, val_put))
-                        run.evals.append(last_eval)
-                        _write_jsonl(metrics_path, last_eval)
-                        if metrics_path is not None:
-                            plot_losses(metrics_path)
-                        (bar.write if progress else log)(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {last_eval['val_loss']:.4f}")
-                        if live:
-                            live.update(run, force=True)
-                        if on_eval:
-                            nnx.update((model, optimizer), state)
-                            on_eval(done, model)
+                        _evaluate(run, done, metrics, evaluate(eval_step, state, val_batches, val_put), metrics_path,
+                                  bar.write if progress else log, live, on_eval, model, optimizer, state)
                     if saving:
-                        nnx.update((model, optimizer), state)
-                        data = {} if data_state is None else {"data": data_state()}
-                        checkpoint(done, model, optimizer, dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None), **data)
-                        last_save = time.monotonic()
-                    run.eval_seconds += time.perf_counter() - paused
+                        last_save = _save(checkpoint, done, model, optimizer, state, data_state, run)
                 if stop:
                     raise Interrupted(stop, done, saving)
         finally:  # donated buffers: the objects must get the live state back, even after an exception
             loader.close()
             bar.close()
             nnx.update((model, optimizer), state)
-    run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
-    if metrics_path is not None and metrics_path.exists():
-        plot_losses(metrics_path)
-    return run
+    return _finish(run, loader, metrics_path)
