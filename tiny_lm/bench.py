@@ -20,7 +20,8 @@ from flax import nnx
 from tokenizers import Tokenizer, models
 
 from .checkpoint import load_checkpoint
-from .data import BUILTIN_CORPUS, Batches, DataConfig, StreamingBatches, open_source, token_dtype, tokenize_documents
+from .data import BUILTIN_CORPUS, Batches, DataConfig, StreamingBatches, open_source
+from .encoding import token_dtype, tokenize_documents
 from .generate import check_sampling, generate_batch
 from .model import ModelConfig, Transformer, count_params, describe_attention
 from .parallel import batch_devices, batch_put, device_info, sharded_init

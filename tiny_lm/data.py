@@ -5,43 +5,36 @@
 # %% ../nbs/03_data.ipynb #31da92f5
 from __future__ import annotations
 
-import contextlib
 import csv
 import gzip
 import hashlib
 import json
 import os
-import pickle
 import queue
 import re
-import signal
 import socket
 import struct
-import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 import urllib.parse
 import zlib
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from .tokenizer import EOT, TinyLMError, document_separator, tokenizer_fingerprint
+from .encoding import TokenizerPool, token_dtype, tokenize_documents
+from .tokenizer import EOT, TinyLMError, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'DataConfig', 'builtin_corpus_files',
-           'file_format', 'source_kind', 'Shard', 'TextSource', 'open_source', 'token_dtype', 'tokenize_documents',
-           'serve_encoder', 'TokenizerPool', 'load_tokens', 'first_tokens', 'unigram_loss', 'Batches',
-           'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
+           'file_format', 'source_kind', 'Shard', 'TextSource', 'open_source', 'load_tokens', 'first_tokens',
+           'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -451,144 +444,6 @@ def open_source(cfg: DataConfig) -> TextSource:
                           f"{type(first[cfg.text_column]).__name__}, not text; its columns are {', '.join(first)}: "
                           "pass --text-column with a text column")
     return TextSource(cfg, splits, separator, fingerprint, size)
-
-# %% ../nbs/03_data.ipynb #2f7e7379
-def token_dtype(vocab_size: int) -> type:
-    "The smallest unsigned integer type that holds every token id."
-    return np.uint16 if vocab_size <= 2**16 else np.uint32
-
-def tokenize_documents(
-    docs, tokenizer: Tokenizer,
-    # EOT: the tokenizer's document separator after every document; else a string appended to each
-    separator: str = EOT,
-    batch_docs: int = 512,  # documents per call to the Rust encoder
-) -> np.ndarray:
-    "Encode documents into one flat token array, each followed by the separator."
-    sep_ids = document_separator(tokenizer)[0] if separator == EOT else []
-    ids, docs = [], iter(docs)
-    while batch := list(islice(docs, batch_docs)):
-        if separator != EOT:
-            batch = [d + separator for d in batch]
-        for enc in tokenizer.encode_batch_fast(batch, add_special_tokens=False):  # no BOS: we add our separator
-            ids += enc.ids
-            ids += sep_ids
-    return np.array(ids, dtype=token_dtype(tokenizer.get_vocab_size()))
-
-# %% ../nbs/03_data.ipynb #88c083d6
-def _send(pipe, payload: bytes) -> None:
-    pipe.write(struct.pack("<Q", len(payload)) + payload)
-    pipe.flush()
-
-def _receive(pipe) -> bytes | None:
-    "One message, or None at the end of the pipe (the other side is gone)."
-    head = pipe.read(8)
-    if len(head) < 8:
-        return None
-    body = pipe.read(struct.unpack("<Q", head)[0])
-    return body if len(body) == struct.unpack("<Q", head)[0] else None
-
-def serve_encoder() -> None:
-    "A tokenizer worker's main loop: a tokenizer, then chunks of documents on stdin; their tokens, in order, on stdout."
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process, which stops its workers
-    # nothing else may write to the pipe
-    requests, replies, sys.stdout = sys.stdin.buffer, sys.stdout.buffer, sys.stderr
-    tokenizer_json, separator = pickle.loads(_receive(requests))
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    inbox = queue.SimpleQueue()  # read on a thread: the main process never blocks writing while this one encodes
-    def read():
-        while (message := _receive(requests)) is not None:
-            inbox.put(message)
-        inbox.put(None)
-    threading.Thread(target=read, daemon=True).start()
-    while (message := inbox.get()) is not None:
-        try:
-            _send(replies, tokenize_documents(pickle.loads(message), tokenizer, separator).tobytes())
-        except BrokenPipeError:  # the main process is gone
-            return
-
-# %% ../nbs/03_data.ipynb #71113bed
-_WORKER_MAIN = "from tiny_lm.data import serve_encoder; serve_encoder()"
-
-def _start_encoder(setup: bytes) -> subprocess.Popen:
-    "One worker: a fresh interpreter that imports only this module (never the caller's script, guarded or not)."
-    import tiny_lm
-    package_root = str(Path(tiny_lm.__file__).resolve().parent.parent)  # found even where tiny_lm is not installed
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",  # one thread per worker: the workers are the parallelism
-           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-    log = tempfile.TemporaryFile()  # the worker's stderr: its last line goes into the error if it dies
-    worker = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=log, env=env)
-    worker.log = log
-    _post(worker, setup)
-    return worker
-
-def _post(worker: subprocess.Popen, payload: bytes) -> None:
-    try:
-        _send(worker.stdin, payload)
-    except (BrokenPipeError, ValueError):  # ValueError: the pipe was closed
-        raise _worker_died(worker) from None
-
-def _worker_died(worker: subprocess.Popen) -> TinyLMError:
-    "The error for a worker that is gone: its exit status and the last line it wrote to stderr."
-    try:
-        status = worker.wait(timeout=5)
-    except subprocess.TimeoutExpired:  # alive, but its pipe is closed: stop it
-        worker.kill()
-        status = worker.wait()
-    said = []
-    with contextlib.suppress(OSError, ValueError):  # ValueError: the pool was closed meanwhile
-        worker.log.seek(0)
-        said = [line.strip() for line in worker.log.read().decode(errors="replace").splitlines() if line.strip()]
-    how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
-    return TinyLMError(f"tokenizer worker {worker.pid} {how}" + (f" ({said[-1]})" if said else "") +
-                       ": run again; if it recurs, pass --num-workers 0 to tokenize in the main process")
-
-# %% ../nbs/03_data.ipynb #6eef424f
-class TokenizerPool:
-    ("Encode chunks of documents in worker processes (0: in this process), results in order; "
-     "a dead worker raises at once.")
-    def __init__(self, tokenizer: Tokenizer, separator: str = EOT, num_workers: int = 2):
-        self.tokenizer, self.separator, self.num_workers = tokenizer, separator, num_workers
-        self.dtype = token_dtype(tokenizer.get_vocab_size())
-        setup = pickle.dumps((tokenizer.to_str(), separator))
-        self.workers = [_start_encoder(setup) for _ in range(num_workers)]
-
-    def _result(self, worker: subprocess.Popen) -> np.ndarray:
-        reply = _receive(worker.stdout)
-        if reply is None:
-            raise _worker_died(worker)
-        return np.frombuffer(reply, self.dtype)
-
-    def imap(self, chunks: Iterator[tuple[list[str], dict]]) -> Iterator[tuple[np.ndarray, dict]]:
-        "(tokens, position) for each (texts, position) of `chunks`, in order, at most 4 × workers chunks ahead."
-        if not self.workers:
-            for texts, pos in chunks:
-                yield tokenize_documents(texts, self.tokenizer, self.separator), pos
-            return
-        pending = deque()  # (worker, position), oldest first; each worker answers its own chunks in order
-        for i, (texts, pos) in enumerate(chunks):
-            worker = self.workers[i % len(self.workers)]
-            _post(worker, pickle.dumps(texts))
-            pending.append((worker, pos))
-            if len(pending) >= 4 * len(self.workers):
-                worker, p = pending.popleft()
-                yield self._result(worker), p
-        while pending:
-            worker, p = pending.popleft()
-            yield self._result(worker), p
-
-    def close(self) -> None:
-        "Stop the workers at once: what they are encoding is no longer wanted."
-        for worker in self.workers:
-            worker.kill()
-            worker.wait()
-            for pipe in (worker.stdin, worker.stdout, worker.log):
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        self.workers = []
-
-    def __enter__(self): return self
-    def __exit__(self, *exc): self.close()
 
 # %% ../nbs/03_data.ipynb #e8379918
 _CACHE_FIELDS = ("dataset_id", "dataset_config", "text_column", "split", "val_split", "max_train_examples",
