@@ -26,12 +26,17 @@ from .model import ModelConfig, Transformer
 from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
-__all__ = ['STEP_PREFIX', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore',
-           'set_aside', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights', 'LoadedRun', 'load_run',
-           'load_checkpoint', 'step_of', 'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
+__all__ = ['STEP_PREFIX', 'step_of', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore',
+           'restore', 'set_aside', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights', 'LoadedRun',
+           'load_run', 'load_checkpoint', 'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
+
+def step_of(name: str) -> int | None:
+    "The step of a `checkpoint_step_N` folder name (None for any other name): the one place that parses it."
+    m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)", name)
+    return int(m.group(1)) if m else None
 
 class _QuietReadOnly(logging.Filter):
     ("Orbax's warnings on read-only managers (how tiny-lm reads runs) "
@@ -373,11 +378,6 @@ def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer
     return run.model, run.tokenizer, run.config
 
 # %% ../nbs/06_checkpoint.ipynb #878ddae0
-def step_of(name: str) -> int | None:
-    "The step of a `checkpoint_step_N` folder name (None for any other name): the one place that parses it."
-    m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)", name)
-    return int(m.group(1)) if m else None
-
 def committed_steps(run_dir: str | Path) -> list[int]:
     "Steps of the `checkpoint_step_N` folders in `run_dir`, oldest first (empty when it holds no run)."
     steps = (step_of(p.name) for p in Path(run_dir).glob(f"{STEP_PREFIX}_*") if p.is_dir())
