@@ -701,3 +701,22 @@ def test_damaged_newest_step_is_skipped_with_a_warning(trained, tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith(f"error: {run / 'checkpoint_step_80'} cannot be read (UnicodeDecodeError): it is damaged; pass the run folder"), err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_second_start_loads_the_compiled_steps(tmp_path):
+    """--compile-cache: the first run keeps its compiled programs there; a second run of the same model loads every one
+    of them and compiles nothing new (the cache gains no entry); --no-compile-cache with it is a mistake."""
+    cache = tmp_path / "jax-cache"
+    def run(out: str):
+        r = tiny_lm("train", *SMALL, "--max-steps", "2", "--sample-tokens", "0", "--output-dir", str(tmp_path / out),
+                    "--compile-cache", str(cache))
+        assert r.returncode == 0, r.stderr
+        return sorted(p.name for p in cache.iterdir() if p.name.endswith("-cache")), json.loads(
+            (tmp_path / out / "training_summary.json").read_text())["compile_seconds"]
+    kept, first_compile = run("first")
+    assert any(name.startswith("jit_train_step") for name in kept), kept
+    again, second_compile = run("second")
+    assert again == kept, set(again) ^ set(kept)
+    print(f"first step's call: {first_compile:.2f} s compiling, {second_compile:.2f} s from the cache")
+    r = tiny_lm("train", "--compile-cache", str(cache), "--no-compile-cache", "--output-dir", str(tmp_path / "x"))
+    assert r.returncode == 2 and "not both" in r.stderr and not (tmp_path / "x").exists()

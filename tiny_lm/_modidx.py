@@ -478,4 +478,5 @@ d = { 'settings': { 'branch': 'main',
                                'tiny_lm.train.make_train_step': ('train.html#make_train_step', 'tiny_lm/train.py'),
                                'tiny_lm.train.peak_flops': ('train.html#peak_flops', 'tiny_lm/train.py'),
                                'tiny_lm.train.plot_losses': ('train.html#plot_losses', 'tiny_lm/train.py'),
-                               'tiny_lm.train.stop_signals': ('train.html#stop_signals', 'tiny_lm/train.py')}}}
+                               'tiny_lm.train.stop_signals': ('train.html#stop_signals', 'tiny_lm/train.py'),
+                               'tiny_lm.train.use_compile_cache': ('train.html#use_compile_cache', 'tiny_lm/train.py')}}}

@@ -177,9 +177,12 @@ def run_config_from_args(args) -> RunConfig:
             prefix = Path(args.output_dir).expanduser().absolute().name
         cloud = cloud_destination(args.cloud_provider, args.cloud_bucket, prefix, args.cloud_region,
                                   args.azure_account_name, args.azure_sas_token)
+    if args.compile_cache is not None and args.no_compile_cache:
+        raise TinyLMError("give --compile-cache DIR or --no-compile-cache, not both")
+    compile_cache = None if args.no_compile_cache else args.compile_cache or "auto"
     return RunConfig(args.output_dir, args.resume_from, args.init_from, args.overwrite, args.tokenizer_path,
                      args.retrain_tokenizer, args.merge_lora, args.mesh, args.backup_dir, cloud, args.sample_prompt,
-                     args.sample_tokens, args.eval_sample_tokens, not args.no_progress)
+                     args.sample_tokens, args.eval_sample_tokens, not args.no_progress, compile_cache)
 
 # %% ../nbs/09_cli.ipynb #e93cf368
 _PLANNED = {"model_preset": "--model-preset", "precision": "--precision", "batch_size": "--batch-size",

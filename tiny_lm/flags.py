@@ -155,6 +155,11 @@ def _device_flags(p) -> None:
                    "tpu-v5e and tpu-v6e name one; none keeps the flags' own defaults. A flag you give overrides its "
                    "pick; a resumed run keeps its settings (default: auto)")
     _mesh_flags(m, "replicate if the memory estimate fits, else the smallest fsdp that fits")
+    m.add_argument("--compile-cache", default=None, metavar="DIR", help="keep compiled steps in DIR, so the next start "
+                   "of the same run loads them instead of compiling (default: JAX_COMPILATION_CACHE_DIR, else "
+                   "~/.cache/tiny_lm/jax)")
+    m.add_argument("--no-compile-cache", action="store_true", help="compile every step afresh, keeping nothing "
+                   "(default: off, use the cache)")
     m.add_argument("--coordinator-address", default=None, help="multi-host: HOST:PORT of process 0, given to every "
                    "process (default: none, or detected on TPU pods and SLURM)")
     m.add_argument("--num-processes", type=int, default=None,

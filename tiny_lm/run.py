@@ -36,7 +36,7 @@ from .profiles import Plan, device_memory, plan_run
 from .sizing import TOKENS_PER_PARAM, param_count, preset_config, size_report
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
-from .train import TrainConfig, fit, in_notebook, init_model, peak_flops
+from .train import TrainConfig, fit, in_notebook, init_model, peak_flops, use_compile_cache
 
 # %% auto #0
 __all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'PreparedData', 'prepare_data',
@@ -64,6 +64,7 @@ class RunConfig:
     sample_tokens: int = 100  # length of the sample printed at the end (0: none)
     eval_sample_tokens: int | None = None  # a sample this long after each evaluation (None: 32 in a notebook, else 0)
     progress: bool = True  # show the progress bar
+    compile_cache: str | Path | None = "auto"  # compiled programs kept here for the next start (04_train; None: off)
 
     def __post_init__(self):
         for flag, n in [("--sample-tokens", self.sample_tokens), ("--eval-sample-tokens", self.eval_sample_tokens)]:
@@ -378,6 +379,7 @@ class Trainer:
 def open_run(t: Trainer) -> RunState:
     "Read what the run continues or starts from, check its copies and its data: nothing is written before this passes."
     started = time.perf_counter()
+    use_compile_cache(t.run.compile_cache)  # before anything compiles
     saved, resume_from = saved_run(t.run.resume_from, t.run.cloud, t.say)
     run_id = saved.get("run_id") or uuid.uuid4().hex  # a resumed run keeps its id: its copies are recognised as its own
     if is_main_process():

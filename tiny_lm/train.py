@@ -34,9 +34,9 @@ from .sizing import flops_per_token
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'init_model', 'loss_fn',
-           'compiler_options', 'make_train_step', 'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops',
-           'TrainLog', 'Interrupted', 'stop_signals', 'fit']
+__all__ = ['COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'init_model', 'loss_fn',
+           'compiler_options', 'make_train_step', 'use_compile_cache', 'make_eval_step', 'evaluate', 'cpu_peak_flops',
+           'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -212,6 +212,29 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
                    "skipped": optimizer.opt_state.notfinite_count[...]}
         return nnx.state((model, optimizer)), metrics
     return train_step, state
+
+# %% ../nbs/04_train.ipynb #834ca1df
+COMPILE_CACHE = "~/.cache/tiny_lm/jax"  # where compiled programs are kept between runs by default
+
+def use_compile_cache(directory: str | Path | None = "auto", max_bytes: int = 2 * 2**30) -> Path | None:
+    "Keep compiled programs in `directory` (auto: JAX_COMPILATION_CACHE_DIR, else COMPILE_CACHE; None: off)."
+    from jax.experimental.compilation_cache import compilation_cache
+    if directory is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    if directory == "auto":
+        directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or COMPILE_CACHE
+    path = Path(directory).expanduser().absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home, say: compile as without a cache
+        return None
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_max_size", max_bytes)
+    if jax.config.jax_compilation_cache_dir != str(path):
+        compilation_cache.reset_cache()  # the cache opens its folder once: a new one needs a reset
+        compilation_cache.set_cache_dir(str(path))
+    return path
 
 # %% ../nbs/04_train.ipynb #c386cfd0
 def make_eval_step(model: Transformer, optimizer: nnx.Optimizer):
