@@ -22,7 +22,7 @@ from .export import export_hf
 from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
                            TRAIN_FLAGS, build_parser, check_ranges)
 from .generate import check_sampling, evaluate_text, generate_batch
-from .model import PRECISIONS, ModelConfig, default_precision
+from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
 from .profiles import Plan, device_memory, match_hardware, plan_run
 from .run import (RunConfig, Trainer, describe_inspection, duration, inspect_run, mesh_devices, recorded_model,
@@ -330,7 +330,7 @@ def run_size(args) -> dict:
     "Print (and return) the size report of the model the flags describe."
     _check_size_flags(args)
     cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
-    report = size_report(cfg, args.batch_size, device_memory())
+    report = size_report(cfg, args.batch_size, device_memory(), kernel=attention_implementation(cfg))
     if args.measure:
         report["measured_tokens_per_sec"] = measure_speed(cfg, args.batch_size)
         report["compute_optimal_seconds"] = report["compute_optimal_tokens"] / report["measured_tokens_per_sec"]

@@ -104,27 +104,29 @@ def compute_optimal_hours(cfg: ModelConfig, peak: float, mfu: float = ASSUMED_MF
     "Hours to train `cfg` on its compute-optimal token budget at `mfu` of `peak` FLOP/s."
     return TOKENS_PER_PARAM * param_count(cfg) * flops_per_token(cfg) / (mfu * peak) / 3600
 
-def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, memory_bytes: int | None = None) -> str:
+def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, memory_bytes: int | None = None,
+                  device=None) -> str:
     """The largest preset that trains compute-optimally within SESSION_HOURS on `num_devices` of `hw`
     and fits one device's memory (default: the table's)."""
-    dtype, memory = _precision(hw), memory_bytes or usable_memory(hw)
+    dtype, memory, device = _precision(hw), memory_bytes or usable_memory(hw), device or hw.device()
     peak = _peak(hw, dtype)
     if peak is None:
         raise TinyLMError(f"no peak FLOP/s are known for a {hw.kind}, so no preset can be planned: "
                           "give --model-preset, or --profile none")
     def ok(name: str) -> bool:
         cfg = replace(preset_config(name, vocab_size), dtype=dtype)
-        return (train_memory_bytes(cfg, 1)["total"] <= 0.9 * memory
+        kernel = attention_implementation(cfg, device=device, n_devices=num_devices)
+        return (train_memory_bytes(cfg, 1, kernel=kernel)["total"] <= 0.9 * memory
                 and compute_optimal_hours(cfg, peak * num_devices) <= SESSION_HOURS)
     return ([name for name in PRESETS if ok(name)] or ["nano"])[-1]
 
 # %% ../nbs/04a_profiles.ipynb #3411f66d
 TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an accelerator
 
-def choose_batch(cfg: ModelConfig, memory_bytes: int) -> tuple[int, int]:
+def choose_batch(cfg: ModelConfig, memory_bytes: int, kernel: str = "xla") -> tuple[int, int]:
     """`(micro-batch, accumulation steps)` per device for `cfg`: TOKENS_PER_DEVICE_STEP tokens per step,
     split to fit `memory_bytes`."""
-    fit = fitting_batch(cfg, max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len), memory_bytes)
+    fit = fitting_batch(cfg, max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len), memory_bytes, kernel=kernel)
     if fit is None:
         raise TinyLMError(f"not even one sequence of {cfg.seq_len} tokens fits in {memory_bytes / 2**30:.1f} GiB "
                           "for training: choose a smaller model")
@@ -211,15 +213,15 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
     if hw is None:  # a CPU: detected here, or named with --profile cpu
         return _cpu_plan(num_devices, _ram(), detected, model)
     memory = device_memory() if detected else usable_memory(hw)
-    preset = choose_preset(hw, vocab_size, num_devices, memory) if model is None else None
+    device = jax.local_devices()[0] if detected else hw.device()
+    preset = choose_preset(hw, vocab_size, num_devices, memory, device) if model is None else None
     cfg = model or replace(preset_config(preset, vocab_size), dtype=_precision(hw))
-    micro, accum = choose_batch(cfg, memory)
-    kernel = attention_implementation(cfg, device=jax.local_devices()[0] if detected else hw.device(),
-                                      n_devices=num_devices)
+    kernel = attention_implementation(cfg, device=device, n_devices=num_devices)
+    micro, accum = choose_batch(cfg, memory, kernel)
     peak = _peak(hw, cfg.dtype)
     return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum,
                 choose_learning_rate(cfg), cfg.dtype, kernel, SAVE_MINUTES[hw.platform],
-                train_memory_bytes(cfg, micro)["total"],
+                train_memory_bytes(cfg, micro, kernel=kernel)["total"],
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None)
 
 # %% ../nbs/04a_profiles.ipynb #95de655a

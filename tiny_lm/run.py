@@ -28,7 +28,8 @@ from .copies import Destination, Mirror, check_destination, destination, fetch_r
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
                           open_source, unigram_loss)
 from .generate import evaluate_text, generate
-from .model import ModelConfig, count_params, default_precision, describe_attention, merge_lora
+from .model import (ModelConfig, attention_implementation, count_params, default_precision, describe_attention,
+                           merge_lora)
 from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh,
                               device_banner, device_info, global_put, is_main_process, make_mesh, parse_mesh, path_name,
                               sharded_init, sharded_memory_bytes, split_batch, use_cpu_cores)
@@ -206,7 +207,8 @@ def run_mesh(spec: str | dict | None, model_cfg: ModelConfig, per_device_batch: 
     if spec is not None:
         sizes = parse_mesh(spec, n)
     else:  # a CPU's cores share one memory: nothing to gain from sharding over them
-        sizes = {"data": n, "fsdp": 1} if cpu_split() else choose_mesh(model_cfg, per_device_batch, n, device_memory())
+        sizes = {"data": n, "fsdp": 1} if cpu_split() else choose_mesh(model_cfg, per_device_batch, n, device_memory(),
+                                                                       kernel=attention_implementation(model_cfg))
     return make_mesh(sizes["data"], sizes["fsdp"])
 
 def split_cpu(cpu_devices: int | None, distributed: bool = False) -> None:
@@ -229,8 +231,9 @@ def split_cpu(cpu_devices: int | None, distributed: bool = False) -> None:
 
 def warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1, say=print) -> None:
     "Say so before the first step when the training-memory estimate exceeds the device, with a batch that fits."
-    report = size_report(model_cfg, per_device_batch, device_memory())
-    need, have = sharded_memory_bytes(model_cfg, per_device_batch, fsdp), report["device_memory_bytes"]
+    kernel = attention_implementation(model_cfg)  # a flash kernel stores no attention scores
+    report = size_report(model_cfg, per_device_batch, device_memory(), kernel=kernel)
+    need, have = sharded_memory_bytes(model_cfg, per_device_batch, fsdp, kernel), report["device_memory_bytes"]
     if need <= 0.9 * have:
         return
     fitting = report["fitting_batch"]

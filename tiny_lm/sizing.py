@@ -139,12 +139,14 @@ def train_memory_bytes(
     cfg: ModelConfig,
     batch_size: int,  # sequences per micro-batch on one device
     remat: bool = False,  # recompute each block's activations in the backward pass
+    kernel: str = "xla",  # the attention kernel: 'xla' stores the scores; flash kernels ('cudnn', 'splash') never do
 ) -> dict[str, int]:
     "Estimated peak bytes of one training step on one device, by part, and their `total`."
     P, D, F, H, T, L, V = param_count(cfg), cfg.d_model, cfg.d_ff, cfg.n_head, cfg.seq_len, cfg.n_layer, cfg.vocab_size
     low = cfg.dtype in ("bfloat16", "float16")
     act_bytes = 2 if low else 4
-    per_block = act_bytes * (9 * D + 4 * F) + 4 * 3 * H * T  # bytes per token; attention scores in fp32
+    scores = 4 * 3 * H * T if kernel == "xla" else 4 * H  # fp32 scores, or a flash kernel's softmax statistics
+    per_block = act_bytes * (9 * D + 4 * F) + scores  # bytes per token
     saved = L * act_bytes * D + per_block if remat else L * per_block
     trained = param_breakdown(cfg)["lora"] if cfg.lora_rank else P  # LoRA: gradients and moments for the adapters only
     parts = {"parameters": 4 * P + (2 * P if low else 0), "gradients": 4 * trained, "optimizer": 8 * trained,
@@ -152,11 +154,11 @@ def train_memory_bytes(
     return {**parts, "total": sum(parts.values())}
 
 def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int,
-                  headroom: float = 0.9) -> tuple[int, int] | None:
+                  headroom: float = 0.9, kernel: str = "xla") -> tuple[int, int] | None:
     """The largest micro-batch (a divisor of `batch_size`) whose step fits in `headroom × memory_bytes`,
     and the accumulation steps that keep the batch; None if not even 1 fits."""
     for micro in sorted((b for b in range(1, batch_size + 1) if batch_size % b == 0), reverse=True):
-        if train_memory_bytes(cfg, micro)["total"] <= headroom * memory_bytes:
+        if train_memory_bytes(cfg, micro, kernel=kernel)["total"] <= headroom * memory_bytes:
             return micro, batch_size // micro
     return None
 
@@ -167,18 +169,20 @@ def size_report(
     cfg: ModelConfig,
     batch_size: int = 16,  # sequences per micro-batch, for the memory estimate
     device_memory: int | None = None,  # bytes of the device that will train (None: no fit check)
+    kernel: str = "xla",  # its attention kernel (flash kernels store no scores)
 ) -> dict:
     "Shape, parameter counts, training FLOPs per token and memory of `cfg`, with the names `tiny-lm size --json` uses."
     parts = param_breakdown(cfg)
-    memory = train_memory_bytes(cfg, batch_size)
+    memory = train_memory_bytes(cfg, batch_size, kernel=kernel)
     report = {"params": param_count(cfg),
               "non_embedding_params": param_count(cfg) - parts["embedding"] - parts["positions"],
               "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_kv_head,
               "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
               "flops_per_token": flops_per_token(cfg), "batch_size": batch_size, "train_memory_bytes": memory["total"],
-              "device_memory_bytes": device_memory, "fits": None, "parts": parts, "memory": memory,
+              "device_memory_bytes": device_memory, "attention": kernel, "fits": None, "parts": parts, "memory": memory,
               "compute_optimal_tokens": TOKENS_PER_PARAM * param_count(cfg)}
     if device_memory is not None:
         report["fits"] = memory["total"] <= 0.9 * device_memory
-        report["fitting_batch"] = fitting_batch(cfg, batch_size, device_memory)  # (micro-batch, accumulation steps)
+        # (micro-batch, accumulation steps)
+        report["fitting_batch"] = fitting_batch(cfg, batch_size, device_memory, kernel=kernel)
     return report
