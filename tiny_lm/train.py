@@ -34,9 +34,9 @@ from .sizing import flops_per_token
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'init_model', 'loss_fn',
-           'compiler_options', 'make_train_step', 'use_compile_cache', 'make_eval_step', 'evaluate', 'cpu_peak_flops',
-           'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
+__all__ = ['COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'clip_or_skip',
+           'init_model', 'loss_fn', 'compiler_options', 'make_train_step', 'use_compile_cache', 'make_eval_step',
+           'evaluate', 'cpu_peak_flops', 'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -120,8 +120,29 @@ def make_optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransfor
     "Global-norm clipping then AdamW with the schedule (decay on `decay_mask`), all skipped on non-finite gradients."
     adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay,
                         mask=decay_mask)
-    tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw) if cfg.grad_clip > 0 else adamw
-    return optax.apply_if_finite(tx, max_consecutive_errors=2**30)  # fit decides when to stop
+    return clip_or_skip(adamw, cfg.grad_clip)
+
+def clip_or_skip(inner: optax.GradientTransformation, max_norm: float) -> optax.GradientTransformation:
+    """`inner` after clipping to the global norm `max_norm` (0: no clipping); a step whose gradients hold a NaN or an
+    infinity changes nothing and is counted. One global norm serves both, and the skip is a select, not a branch."""
+    clip = optax.clip_by_global_norm(max_norm) if max_norm > 0 else None
+    # the state of optax.apply_if_finite(optax.chain(clip, inner)): checkpoints of either restore into the other
+    reference = optax.apply_if_finite(optax.chain(clip, inner) if clip else inner, max_consecutive_errors=2**30)
+    def update(updates, state, params=None):
+        norm = optax.tree.norm(updates)
+        finite = jnp.isfinite(norm)  # a NaN or an infinity anywhere makes the norm one too
+        if clip:
+            updates = jax.tree.map(lambda g: jax.lax.select(norm < max_norm, g, g / norm.astype(g.dtype) * max_norm),
+                                   updates)  # optax.clip_by_global_norm's rule, with the norm already known
+        parts = state.inner_state if clip else (None, state.inner_state)
+        new_updates, new_inner = inner.update(updates, parts[1], params)
+        keep = lambda new, old: jnp.where(finite, new, old)
+        new_inner = jax.tree.map(keep, new_inner, parts[1])
+        skipped = jnp.where(finite, 0, state.notfinite_count + 1).astype(jnp.int32)
+        return jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates), state._replace(
+            notfinite_count=skipped, last_finite=finite, total_notfinite=state.total_notfinite + (~finite),
+            inner_state=(parts[0], new_inner) if clip else new_inner)
+    return optax.GradientTransformation(reference.init, update)
 
 # %% ../nbs/04_train.ipynb #0770f991
 def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int) -> tuple[Transformer, nnx.Optimizer]:
