@@ -440,6 +440,7 @@ def test_bench_train_prints_one_json_object(tmp_path):
         assert key in result, key
     assert result["tokens_per_sec"] > 0 and 0 < result["mfu"] < 2 and 0 <= result["outside_step_fraction"] < 1
     assert result["tokens_per_step"] == 2 * 2 * 32  # per device × the 2 devices × seq_len
+    assert result["step_temp_bytes"] > 0  # XLA's memory_analysis of the compiled step
     assert abs(result["step_time_ms"] - 1e3 * result["tokens_per_step"] / result["tokens_per_sec"]) < 1e-6
     assert result["device"]["num_devices"] == 2 and result["config"]["d_model"] == 32
     # --trace: the profiler's Perfetto file, and the compiled step's time by kind of op, per device and step

@@ -135,9 +135,17 @@ def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumu
               "device": {k: v for k, v in device_info().items() if k != "devices"},
               "config": {**cfg.to_dict(), "batch_size": batch_size,
                          "gradient_accumulation_steps": gradient_accumulation_steps}}
+    result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, gradient_accumulation_steps, device_mesh)
     if trace:
         result["trace"] = {"dir": str(trace), **_traced_steps(model, optimizer, batches, train_cfg, device_mesh, trace)}
     return result
+
+def _step_temp_bytes(model, optimizer, batches: Batches, accum: int, mesh) -> int | None:
+    "The compiled train step's temporary memory per device, as XLA reports it (None where the backend does not)."
+    step, state = make_train_step(model, optimizer, accum)
+    batch = batch_put(mesh)(np.concatenate([batches[a] for a in range(accum)]))
+    analysis = step.lower(state, batch).compile().memory_analysis()
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
 
 def _traced_steps(model, optimizer, batches: Batches, train_cfg: TrainConfig, mesh, trace_dir) -> dict:
     "10 more steps of the trained model under the profiler, and where their compiled time went (`op_times`)."
@@ -203,7 +211,8 @@ def describe_bench(kind: str, result: dict) -> str:
            else "MFU unknown (no peak for this device)")
     lines = [f"{result['tokens_per_sec']:,.0f} tokens/s, {result['step_time_ms']:.1f} ms per step, {mfu}, "
              f"compiled in {result['compile_s']:.1f} s, {result['outside_step_fraction']:.1%} of the time outside "
-             "the compiled step"]
+             "the compiled step" + (f", {result['step_temp_bytes'] / 2**20:,.0f} MiB of temporaries in the step"
+                                    if result.get("step_temp_bytes") is not None else "")]
     trace = result.get("trace")
     if trace and not trace["top_ops"]:
         lines.append(f"trace in {trace['dir']}: it holds no per-op timings for this device")

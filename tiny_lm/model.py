@@ -304,6 +304,10 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
         "Logits; dropout is applied only when a `dropout_key` is given (training)."
+        return self.logits(self.features(tokens_BT, dropout_key))
+
+    def features(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+        "The residual stream `[B, T, D]` after the last block: what `logits` projects onto the vocabulary."
         T = tokens_BT.shape[1]
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's seq_len {self.cfg.seq_len}")
@@ -312,7 +316,7 @@ class Transformer(nnx.Module):
         x_BTD = self.dropout(x_BTD, deterministic=embed_key is None, rngs=embed_key)
         for block, key in zip(self.blocks, block_keys):
             x_BTD = block(x_BTD, rope_TK, key)
-        return self.logits(x_BTD)
+        return x_BTD
 
     def inputs(self, tokens_BT: jax.Array, positions_T: jax.Array) -> tuple[jax.Array, tuple | None]:
         """The residual stream's start `[B, T, D]` (token embeddings, plus learned positions)

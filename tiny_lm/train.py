@@ -34,9 +34,10 @@ from .sizing import flops_per_token
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask', 'make_optimizer', 'clip_or_skip',
-           'init_model', 'loss_fn', 'compiler_options', 'make_train_step', 'use_compile_cache', 'make_eval_step',
-           'evaluate', 'cpu_peak_flops', 'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
+__all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask',
+           'make_optimizer', 'clip_or_skip', 'init_model', 'loss_fn', 'chunked_cross_entropy', 'compiler_options',
+           'make_train_step', 'use_compile_cache', 'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops',
+           'TrainLog', 'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -151,10 +152,42 @@ def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int)
     wrt = nnx.LoRAParam if model_cfg.lora_rank else nnx.Param  # LoRA: the adapters alone train
     return model, nnx.Optimizer(model, make_optimizer(train_cfg, total_steps), wrt=wrt)
 
-def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
-    "Mean next-token cross-entropy (nats) of a batch of `seq_len + 1` windows (dropout on when given a key)."
-    logits_BTV = model(batch_BT[:, :-1], dropout_key=dropout_key)
-    return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, batch_BT[:, 1:]).mean()
+def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None,
+            chunked: bool | None = None) -> jax.Array:
+    """Mean next-token cross-entropy (nats) of a batch of `seq_len + 1` windows (dropout on when given a key);
+    `chunked` (default: vocabularies of CHUNKED_LOSS_VOCAB tokens or more) never holds all the fp32 logits at once."""
+    inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
+    if chunked is None:
+        chunked = model.cfg.vocab_size >= CHUNKED_LOSS_VOCAB
+    if chunked:
+        return chunked_cross_entropy(model.logits, model.features(inputs_BT, dropout_key), targets_BT,
+                                     model.cfg.vocab_size)
+    logits_BTV = model(inputs_BT, dropout_key=dropout_key)
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
+
+# %% ../nbs/04_train.ipynb #b3435e67
+CHUNKED_LOSS_VOCAB = 16_384  # loss_fn never holds the whole fp32 [B, T, V] logits from this vocabulary size up
+LOSS_CHUNK_BYTES = 2**26  # the fp32 logits of one slice of the sequence: 64 MiB
+
+def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: jax.Array, targets_BT: jax.Array,
+                          vocab_size: int, chunk_bytes: int = LOSS_CHUNK_BYTES) -> jax.Array:
+    "Mean cross-entropy of `logits_fn(x_BTD)` against `targets_BT`, a slice of the sequence at a time."
+    B, T, D = x_BTD.shape
+    C = max(1, min(T, chunk_bytes // (4 * B * vocab_size)))  # time steps per slice
+    n = -(-T // C)
+    pad = n * C - T  # padded positions weigh 0
+    x_NBCD = jnp.pad(x_BTD, ((0, 0), (0, pad), (0, 0))).reshape(B, n, C, D).swapaxes(0, 1)
+    y_NBC = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(B, n, C).swapaxes(0, 1)
+    w_NBC = (jnp.arange(n * C) < T).reshape(n, 1, C)
+
+    @jax.checkpoint  # the backward pass recomputes a slice's logits rather than keeping every slice's
+    def slice_loss(x_BCD, y_BC, w_1C):
+        losses_BC = optax.softmax_cross_entropy_with_integer_labels(logits_fn(x_BCD), y_BC)
+        return jnp.sum(losses_BC * w_1C)
+
+    total, _ = jax.lax.scan(lambda acc, xs: (acc + slice_loss(*xs), None), jnp.zeros((), jnp.float32),
+                            (x_NBCD, y_NBC, w_NBC))
+    return total / (B * T)
 
 # %% ../nbs/04_train.ipynb #44f576fc
 def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param,
