@@ -721,3 +721,11 @@ def test_second_start_loads_the_compiled_steps(tmp_path):
     print(f"first step's call: {first_compile:.2f} s compiling, {second_compile:.2f} s from the cache")
     r = tiny_lm("train", "--compile-cache", str(cache), "--no-compile-cache", "--output-dir", str(tmp_path / "x"))
     assert r.returncode == 2 and "not both" in r.stderr and not (tmp_path / "x").exists()
+
+
+def test_output_piped_into_head_stops_quietly(trained):
+    """`tiny-lm inspect RUN | head -2`: the reader closes the pipe early; tiny-lm stops without a traceback."""
+    out, _ = trained
+    r = subprocess.run(f"tiny-lm inspect {out} | head -2", shell=True, capture_output=True, text=True, env=ENV, timeout=300)
+    assert len(r.stdout.splitlines()) == 2 and r.stdout.startswith(f"run {out}"), r.stdout
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
