@@ -33,6 +33,8 @@ TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int,
                 "save_every_minutes": float, "keep_checkpoints": int}
 MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
+
+# %% ../nbs/08c_flags.ipynb #d2ba7a78
 _HELP = {
     "dataset_id": "builtin:python-stdlib, a local .txt/.jsonl/.json/.parquet/.csv file or folder (.gz too), or a hub "
                   "dataset id (default: builtin:python-stdlib)",
