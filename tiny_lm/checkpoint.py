@@ -42,6 +42,8 @@ class _QuietReadOnly(logging.Filter):
     ("Orbax's warnings on read-only managers (how tiny-lm reads runs) "
      "and on damaged steps (tiny-lm says it in one line).")
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+            return False  # a second Ctrl-C as a save finishes: tiny-lm says so in one line, not Orbax's traceback
         message = record.getMessage()
         return not any(s in message
                        for s in ("read_only=True", "directory is read only", "Failed to read Metadata file"))
