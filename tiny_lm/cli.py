@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     except TinyLMError as e:
         print(f"error: {redact(str(e), [getattr(args, 'azure_sas_token', None)])}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`tiny-lm inspect | head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail again
+        return 141
     except OSError as e:  # a full disk or a folder that cannot be written, outside the checkpointer's own checks
         if e.errno not in _WRITE_ERRORS:
             raise
@@ -398,9 +401,6 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:  # SIGTERM or Ctrl-C: the step in flight finished and was saved
         print(f"{e} in {args.output_dir}: run the same command to continue from it", file=sys.stderr)
         return e.exit_code
-    except BrokenPipeError:  # the reader went away (`tiny-lm inspect | head`): stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail again
-        return 141
     except KeyboardInterrupt:  # a second Ctrl-C: at once
         print("interrupted at once: the newest complete checkpoint is intact; run the same command to continue from it",
               file=sys.stderr)

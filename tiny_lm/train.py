@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache, partial
 from pathlib import Path
 
@@ -270,6 +270,21 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
 # %% ../nbs/04_train.ipynb #834ca1df
 COMPILE_CACHE = "~/.cache/tiny_lm/jax"  # where compiled programs are kept between runs by default
 
+def _prune(path: Path, max_bytes: int) -> None:
+    """Delete the programs written longest ago until `path` holds at most `max_bytes` (JAX's own cap keeps access
+    times in files that processes sharing the folder race on)."""
+    found = {}
+    for p in path.iterdir():
+        with suppress(OSError):  # another process may be pruning too
+            found[p] = p.stat()
+    total = sum(s.st_size for s in found.values())
+    for p, s in sorted(found.items(), key=lambda kv: kv[1].st_mtime):
+        if total <= max_bytes:
+            return
+        with suppress(OSError):
+            p.unlink()
+        total -= s.st_size
+
 def use_compile_cache(directory: str | Path | None = "auto", max_bytes: int = 2 * 2**30) -> Path | None:
     "Keep compiled programs in `directory` (auto: JAX_COMPILATION_CACHE_DIR, else COMPILE_CACHE; None: off)."
     from jax.experimental.compilation_cache import compilation_cache
@@ -283,8 +298,8 @@ def use_compile_cache(directory: str | Path | None = "auto", max_bytes: int = 2 
         path.mkdir(parents=True, exist_ok=True)
     except OSError:  # a read-only home, say: compile as without a cache
         return None
+    _prune(path, max_bytes)
     jax.config.update("jax_enable_compilation_cache", True)
-    jax.config.update("jax_compilation_cache_max_size", max_bytes)
     if jax.config.jax_compilation_cache_dir != str(path):
         compilation_cache.reset_cache()  # the cache opens its folder once: a new one needs a reset
         compilation_cache.set_cache_dir(str(path))
