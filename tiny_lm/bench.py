@@ -25,7 +25,7 @@ from .encoding import token_dtype, tokenize_documents
 from .generate import check_sampling, generate_batch
 from .model import ModelConfig, Transformer, count_params, describe_attention
 from .parallel import batch_devices, batch_put, device_info, sharded_init
-from .run import run_mesh, split_cpu
+from .run import run_mesh
 from .sizing import preset_config
 from .tokenizer import TinyLMError, TokenizerConfig, load_tokenizer, train_tokenizer
 from .train import TrainConfig, fit, init_model, make_train_step
@@ -111,11 +111,9 @@ def _random_batches(cfg: ModelConfig, batch_size: int, accum: int) -> Batches:
 def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumulation_steps: int = 1,
                 steps: int = 300,  # steps timed, after the first (compiling) interval
                 mesh: str | dict | None = None,  # None: as tiny-lm train chooses
-                cpu_devices: int | None = None,  # CPU runs: devices to split the CPU into (None: one per core)
                 trace: str | Path | None = None,  # also profile 10 more steps into this folder
                 ) -> dict:
     "Train `model_config` on random tokens through the real loop: tokens/s, step time, MFU, compile time, host share."
-    split_cpu(cpu_devices)
     cfg = model_config
     device_mesh = run_mesh(mesh, cfg, batch_size)
     log_every = max(1, steps // 10)
