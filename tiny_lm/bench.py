@@ -110,15 +110,17 @@ def _random_batches(cfg: ModelConfig, batch_size: int, accum: int) -> Batches:
 
 def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumulation_steps: int = 1,
                 steps: int = 300,  # steps timed, after the first (compiling) interval
+                steps_per_call: int = 1,  # optimizer steps per compiled call (TrainConfig.steps_per_call)
                 mesh: str | dict | None = None,  # None: as tiny-lm train chooses
                 trace: str | Path | None = None,  # also profile 10 more steps into this folder
                 ) -> dict:
     "Train `model_config` on random tokens through the real loop: tokens/s, step time, MFU, compile time, host share."
     cfg = model_config
     device_mesh = run_mesh(mesh, cfg, batch_size)
-    log_every = max(1, steps // 10)
+    log_every = max(1, steps // 10 // steps_per_call) * steps_per_call  # every interval: whole calls
     train_cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
-                            max_steps=steps + log_every, warmup_steps=10, log_every=log_every)
+                            max_steps=steps + log_every, warmup_steps=10, log_every=log_every,
+                            steps_per_call=steps_per_call)
     batches = _random_batches(cfg, batch_size, gradient_accumulation_steps)
     model, optimizer = sharded_init(lambda: init_model(cfg, train_cfg, train_cfg.max_steps), device_mesh)
     run = fit(model, optimizer, batches, train_cfg, train_cfg.max_steps, put=batch_put(device_mesh), progress=False)
@@ -132,7 +134,7 @@ def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumu
               "mesh": dict(device_mesh.shape), "attention": describe_attention(cfg),
               "device": {k: v for k, v in device_info().items() if k != "devices"},
               "config": {**cfg.to_dict(), "batch_size": batch_size,
-                         "gradient_accumulation_steps": gradient_accumulation_steps}}
+                         "gradient_accumulation_steps": gradient_accumulation_steps, "steps_per_call": steps_per_call}}
     result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, gradient_accumulation_steps, device_mesh)
     if trace:
         result["trace"] = {"dir": str(trace), **_traced_steps(model, optimizer, batches, train_cfg, device_mesh, trace)}
@@ -207,7 +209,9 @@ def describe_bench(kind: str, result: dict) -> str:
                 f"{result['uncached_tokens_per_sec']:,.0f} tokens/s ({result['cache_speedup']:.1f}× slower)")
     mfu = (f"MFU {result['mfu']:.1%} of {result['peak_flops'] / 1e12:.2f} TFLOP/s" if result["mfu"] is not None
            else "MFU unknown (no peak for this device)")
-    lines = [f"{result['tokens_per_sec']:,.0f} tokens/s, {result['step_time_ms']:.1f} ms per step, {mfu}, "
+    calls = result["config"].get("steps_per_call", 1)
+    per_call = f" ({calls} per compiled call)" if calls > 1 else ""
+    lines = [f"{result['tokens_per_sec']:,.0f} tokens/s, {result['step_time_ms']:.1f} ms per step{per_call}, {mfu}, "
              f"compiled in {result['compile_s']:.1f} s, {result['outside_step_fraction']:.1%} of the time outside "
              "the compiled step" + (f", {result['step_temp_bytes'] / 2**20:,.0f} MiB of temporaries in the step"
                                     if result.get("step_temp_bytes") is not None else "")]

@@ -188,7 +188,7 @@ def run_config_from_args(args) -> RunConfig:
 # %% ../nbs/09_cli.ipynb #e93cf368
 _PLANNED = {"model_preset": "--model-preset", "precision": "--precision", "batch_size": "--batch-size",
             "gradient_accumulation_steps": "--gradient-accumulation-steps", "learning_rate": "--learning-rate",
-            "save_every_minutes": "--save-every-minutes"}
+            "save_every_minutes": "--save-every-minutes", "steps_per_call": "--steps-per-call"}
 
 def _planned_vocab(args, init) -> int:
     "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
@@ -225,6 +225,8 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         args.learning_rate = fitted.learning_rate
     if args.save_every_minutes is None:
         args.save_every_minutes = plan.save_every_minutes
+    if args.steps_per_call is None:
+        args.steps_per_call = fitted.steps_per_call
     kind = jax.devices()[0].device_kind
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
     if not plan.detected and plan.profile != here:
@@ -366,8 +368,8 @@ def run_bench(args) -> dict:
         split_cpu(args.cpu_devices)
         _check_size_flags(args)
         cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
-        result = bench_train(cfg, args.batch_size, args.gradient_accumulation_steps, args.steps, args.mesh,
-                             trace=args.trace)
+        result = bench_train(cfg, args.batch_size, args.gradient_accumulation_steps, args.steps, args.steps_per_call,
+                             args.mesh, trace=args.trace)
     else:
         split_cpu(args.cpu_devices or 1)
         result = bench_generate(args.checkpoint, args.prompt, args.max_tokens, args.temperature, args.top_k,

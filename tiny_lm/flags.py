@@ -31,7 +31,8 @@ SHAPE_FLAGS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")  # 
 TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_rate": float, "weight_decay": float,
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int,
-                "save_every_minutes": float, "keep_checkpoints": int}
+                "save_every_minutes": float, "keep_checkpoints": int,
+                "steps_per_call": int}
 MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
 
 # %% ../nbs/08c_flags.ipynb #d2ba7a78
@@ -63,6 +64,10 @@ _HELP = {
     "batch_size": "sequences per micro-batch on each device, a CPU counting as one device (shared out over its cores); "
                   "the global batch is this × devices (default: the --profile's: 16 on a CPU, 32,768 tokens' worth "
                   "on a GPU or TPU)",
+    "steps_per_call": "optimizer steps per compiled call (one scan over that many batches): fewer launches for a "
+                      "small model on an accelerator; logging, evaluation, checkpoints and Ctrl-C/SIGTERM take "
+                      "effect at the end of a call (default: the --profile's: 1 on a CPU, up to 10 for small models "
+                      "on a GPU or TPU)",
     "max_skipped_steps": "stop after this many steps in a row with non-finite gradients, whose updates are skipped "
                          "(default: 5)",
     "gradient_accumulation_steps": "micro-batches per optimizer step (default: the --profile's: 1, more where its "
@@ -336,6 +341,8 @@ def _bench_train_parser(kinds) -> None:
                    "counting as one device (default: 16)")
     t.add_argument("--gradient-accumulation-steps", type=int, default=1,
                    help="micro-batches per optimizer step (default: 1)")
+    t.add_argument("--steps-per-call", type=int, default=1, help="optimizer steps per compiled call, one scan over "
+                   "that many batches (default: 1)")
     _mesh_flags(t, "as tiny-lm train chooses: replicated if the memory estimate fits")
     t.add_argument("--steps", type=int, default=300,
                    help="training steps to time, after the first (compiling) interval (default: 300)")
@@ -379,8 +386,9 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
     **dict.fromkeys(["max_train_examples", "max_val_examples", "stride", "tokenizer_train_examples", "d_model",
                      "num_layers", "num_heads", "num_kv_heads", "d_ff", "seq_len", "batch_size",
                      "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every",
-                     "max_skipped_steps", "keep_checkpoints", "target_params", "cpu_devices", "num_processes",
-                     "coordinator_timeout", "num_samples", "max_examples", "tokens", "steps", "vocab_size"],
+                     "max_skipped_steps", "keep_checkpoints", "steps_per_call", "target_params", "cpu_devices",
+                     "num_processes", "coordinator_timeout", "num_samples", "max_examples", "tokens", "steps",
+                     "vocab_size"],
                     AT_LEAST_1),
     **dict.fromkeys(["num_workers", "warmup_steps", "weight_decay", "grad_clip", "save_every_minutes", "seed",
                      "sample_tokens", "eval_sample_tokens", "process_id", "max_tokens", "temperature", "top_k"],

@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tokenizers import Tokenizer
 
-from .model import ModelConfig, Transformer
+from .model import ModelConfig, Transformer, mesh_of, on_mesh
 from .parallel import batch_sharding, make_mesh
 from .tokenizer import END_OF_TEXT_TOKENS, EOT, TinyLMError, document_separator
 
@@ -116,9 +116,9 @@ def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], 
     return model.logits(x_BTD), new_cache
 
 @lru_cache(maxsize=8)
-def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable, Callable]:
-    """The compiled steps for one model structure: `(prefill, decode, reference)`,
-    taking the state as its flat list of arrays."""
+def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callable, Callable]:
+    """The compiled steps for one model structure (its state laid out on `mesh`, None: one device):
+    `(prefill, decode, reference)`, taking the state as its flat list of arrays."""
     # Made once per generate call, not per token: hashing a graph definition, or flattening the nested state, costs
     # a good part of a decode step on a CPU.
     def prefill(leaves, cache, tokens_BT, last, key, n, temperature, top_p, **mode):
@@ -146,9 +146,9 @@ def _steps(graphdef: nnx.GraphDef, treedef) -> tuple[Callable, Callable, Callabl
         return sample_rows(logits_BV, jax.random.fold_in(key, n), temperature, top_p, **mode)
 
     static = ("greedy", "top_k", "nucleus")
-    return (jax.jit(prefill, static_argnames=static, donate_argnums=1),
-            jax.jit(decode, static_argnames=static, donate_argnums=1),
-            jax.jit(reference, static_argnames=static))
+    return (jax.jit(on_mesh(mesh)(prefill), static_argnames=static, donate_argnums=1),
+            jax.jit(on_mesh(mesh)(decode), static_argnames=static, donate_argnums=1),
+            jax.jit(on_mesh(mesh)(reference), static_argnames=static))
 
 # %% ../nbs/07_generate.ipynb #2c42a4b6
 class _Text:
@@ -245,8 +245,8 @@ def generate_batch(
     texts = [_Text(tokenizer, tuple(s for s in stop if s), on_text and partial(on_text, i)) for i in range(B)]
     graphdef, state = nnx.split(model)
     state, put, rows = _placement(state, B)
-    state, treedef = jax.tree.flatten(state)
-    prefill_step, decode_steps, reference_step = _steps(graphdef, treedef)
+    mesh, (state, treedef) = mesh_of(state), jax.tree.flatten(state)
+    prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh)
     mode, key, start, cache = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
     n, end = len(ids), len(ids) + max_new_tokens
     while n < end and not all(t.done for t in texts):
@@ -322,9 +322,10 @@ def _windows(ids: np.ndarray, scored: np.ndarray, seq_len: int, stride: int, bat
         yield tuple(np.stack(r) for r in zip(*rows))
 
 @lru_cache(maxsize=8)
-def _nll_sum(graphdef: nnx.GraphDef) -> Callable:
-    "The compiled sum of weighted negative log-likelihoods (nats) of a batch of windows."
+def _nll_sum(graphdef: nnx.GraphDef, mesh=None) -> Callable:
+    "The compiled sum of weighted negative log-likelihoods (nats) of a batch of windows (the state on `mesh`)."
     @jax.jit
+    @on_mesh(mesh)
     def nll(state, inputs_BT, targets_BT, weights_BT):
         logits_BTV = nnx.merge(graphdef, state)(inputs_BT)
         return (optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT) * weights_BT).sum()
@@ -352,7 +353,7 @@ def evaluate_text(
     if not scored.any():
         raise TinyLMError("no text to score: the documents are empty")
     graphdef, state = nnx.split(model)
-    nll, step = 0.0, _nll_sum(graphdef)
+    nll, step = 0.0, _nll_sum(graphdef, mesh_of(state))
     for inputs_BT, targets_BT, weights_BT in _windows(ids, scored, T, stride, batch_size):
         nll += float(step(state, put(inputs_BT), put(targets_BT), put(weights_BT)))
     tokens = int(scored[1:].sum())

@@ -6,18 +6,22 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .tokenizer import TinyLMError
 
 # %% auto #0
 __all__ = ['ATTENTION_KERNELS', 'PRECISIONS', 'ModelConfig', 'cpu_matmul', 'Linear', 'rope_angles', 'apply_rope',
-           'attention_implementation', 'describe_attention', 'splash_attention', 'causal_attention', 'Attention', 'MLP',
-           'Block', 'Transformer', 'count_params', 'default_precision', 'add_lora', 'merge_lora']
+           'attention_implementation', 'describe_attention', 'splash_attention', 'mesh_of', 'on_mesh',
+           'causal_attention', 'Attention', 'MLP', 'Block', 'Transformer', 'count_params', 'default_precision',
+           'add_lora', 'merge_lora']
 
 # %% ../nbs/01_model.ipynb #33328025
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -142,10 +146,9 @@ class Linear(nnx.Linear):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x_MI = x.reshape(-1, x.shape[-1])  # M: the leading axes as one (B·T), see above
-        if jax.default_backend() == "cpu":
-            y_MO = cpu_matmul(x_MI.astype(self.dtype), self.kernel[...].astype(self.dtype))
-        else:
-            y_MO = super().__call__(x_MI)
+        # chosen when the program is lowered for its platform (so a step exported for a TPU from a CPU is a TPU's)
+        y_MO = jax.lax.platform_dependent(x_MI.astype(self.dtype), self.kernel[...].astype(self.dtype),
+                                          cpu=cpu_matmul, default=jnp.matmul)
         if self.lora is not None:
             y_MO = y_MO + self.lora_scale * self.lora(x_MI)
         return y_MO.reshape(*x.shape[:-1], y_MO.shape[-1])
@@ -172,12 +175,10 @@ def _cudnn_ok(cfg: ModelConfig, device) -> bool:
     return (device.platform == "gpu" and cc >= 8.0 and cfg.dtype in ("bfloat16", "float16")
             and cfg.head_dim % 8 == 0 and cfg.head_dim <= (256 if cc >= 9.0 else 128))
 
-def attention_implementation(cfg: ModelConfig, seq_len: int | None = None, device=None,
-                             n_devices: int | None = None) -> str:
+def attention_implementation(cfg: ModelConfig, seq_len: int | None = None, device=None) -> str:
     """The kernel attention runs with on `device` (default: this machine's): 'cudnn', 'splash' or 'xla'
     (see the table above)."""
     device = device or jax.devices()[0]
-    n_devices = n_devices or jax.device_count()
     T = seq_len or cfg.seq_len
     splash_ok = T % 128 == 0
     if cfg.attention == "cudnn":
@@ -186,7 +187,7 @@ def attention_implementation(cfg: ModelConfig, seq_len: int | None = None, devic
         return "splash" if splash_ok else "xla"
     if cfg.attention == "auto" and _cudnn_ok(cfg, device):
         return "cudnn"
-    if cfg.attention == "auto" and device.platform == "tpu" and splash_ok and n_devices == 1:
+    if cfg.attention == "auto" and device.platform == "tpu" and splash_ok:
         return "splash"
     return "xla"
 
@@ -206,9 +207,8 @@ def describe_attention(cfg: ModelConfig) -> str:
     return f"attention: {_KERNEL_NAMES[kernel]} ({why})"
 
 # %% ../nbs/01_model.ipynb #cd388b77
-def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array,
-                     interpret: bool | None = None) -> jax.Array:
-    "Causal attention with the Pallas TPU splash kernel (interpreted off a TPU); T must be a multiple of 128."
+def _splash_one_device(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, interpret: bool) -> jax.Array:
+    "The splash kernel over arrays on one device (`interpret`: run it in the Pallas interpreter, as off a TPU)."
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
     B, T, H, K = q_BTHK.shape
@@ -217,13 +217,45 @@ def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array,
     sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block, block_kv_dkv=block,
                           block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
     mask = sm.MultiHeadMask([sm.CausalMask((T, T)) for _ in range(H // G)])
-    interpret = jax.devices()[0].platform != "tpu" if interpret is None else interpret
     # J = H/G query heads per kv head
     kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
     q_BGJTK = (q_BTHK / math.sqrt(K)).reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4)
     k_BGTK, v_BGTK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
     y_BGJTK = jax.vmap(jax.vmap(kernel))(q_BGJTK, k_BGTK, v_BGTK)
     return y_BGJTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
+
+def _splash_for_platform(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) -> jax.Array:
+    "The kernel compiled for a TPU, interpreted elsewhere: chosen when the program is lowered for its platform."
+    return jax.lax.platform_dependent(q_BTHK, k_BTGK, v_BTGK, tpu=partial(_splash_one_device, interpret=False),
+                                      default=partial(_splash_one_device, interpret=True))
+
+def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array,
+                     interpret: bool | None = None) -> jax.Array:
+    """Causal attention with the Pallas TPU splash kernel; T must be a multiple of 128. Traced `on_mesh`, every
+    device runs it on its own rows inside `jax.shard_map`. `interpret` None: compiled on a TPU, interpreted off one."""
+    local = _splash_for_platform if interpret is None else partial(_splash_one_device, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return local(q_BTHK, k_BTGK, v_BTGK)
+    rows = P(tuple(mesh.axis_names)) if q_BTHK.shape[0] % mesh.size == 0 else P()  # rows split (or whole), heads whole
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(rows,) * 3, out_specs=rows, check_vma=False)
+    return sharded(q_BTHK, k_BTGK, v_BTGK)
+
+def mesh_of(tree) -> Mesh | None:
+    "The mesh of several devices that the arrays of `tree` are laid out on (None: one device, or no single mesh)."
+    meshes = {x.sharding.mesh for x in jax.tree.leaves(tree)
+              if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)}
+    mesh = meshes.pop() if len(meshes) == 1 else None
+    return mesh if mesh is not None and mesh.size > 1 else None
+
+@contextmanager
+def on_mesh(mesh: Mesh | None):
+    "Trace inside this so that the splash kernel knows `mesh` (its `shard_map` needs it); None: one device."
+    if mesh is None:
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        yield
 
 # %% ../nbs/01_model.ipynb #ad7513db
 def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, kernel: str = "xla") -> jax.Array:

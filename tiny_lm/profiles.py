@@ -20,9 +20,10 @@ from .train import TrainConfig, peak_flops
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP',
-           'BASE_LEARNING_RATE', 'BASE_WIDTH', 'SAVE_MINUTES', 'Hardware', 'usable_memory', 'device_memory',
-           'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'choose_batch',
-           'choose_learning_rate', 'Plan', 'plan_run', 'profile_table']
+           'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'SAVE_MINUTES', 'Hardware',
+           'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours',
+           'choose_preset', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'Plan', 'plan_run',
+           'profile_table']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
                           "give --model-preset, or --profile none")
     def ok(name: str) -> bool:
         cfg = replace(preset_config(name, vocab_size), dtype=dtype)
-        kernel = attention_implementation(cfg, device=device, n_devices=num_devices)
+        kernel = attention_implementation(cfg, device=device)
         return (train_memory_bytes(cfg, 1, kernel=kernel)["total"] <= 0.9 * memory
                 and compute_optimal_hours(cfg, peak * num_devices) <= SESSION_HOURS)
     return ([name for name in PRESETS if ok(name)] or ["nano"])[-1]
@@ -139,6 +140,15 @@ def choose_learning_rate(cfg: ModelConfig) -> float:
     "The peak learning rate for `cfg`: the tiny preset's 3e-3, scaled as 1 / d_model."
     return BASE_LEARNING_RATE * BASE_WIDTH / cfg.d_model
 
+# %% ../nbs/04a_profiles.ipynb #7fd73f81
+CALL_SECONDS = 0.02  # a compiled call this long hides the ~0.1–1 ms of launching it
+STEPS_PER_CALL = (1, 2, 5, 10)  # the choices: each divides the default log, evaluation and save intervals
+
+def choose_steps_per_call(cfg: ModelConfig, tokens_per_step: int, peak: float, mfu: float = ASSUMED_MFU) -> int:
+    "The fewest of STEPS_PER_CALL steps of `tokens_per_step` tokens that take CALL_SECONDS at `mfu` of `peak`."
+    step_seconds = tokens_per_step * flops_per_token(cfg) / (mfu * peak)
+    return next((k for k in STEPS_PER_CALL if k * step_seconds >= CALL_SECONDS), STEPS_PER_CALL[-1])
+
 # %% ../nbs/04a_profiles.ipynb #90a73e93
 # --save-every-minutes: a Colab accelerator may disconnect at any time
 SAVE_MINUTES = {"cpu": 10.0, "gpu": 5.0, "tpu": 5.0}
@@ -161,6 +171,7 @@ class Plan:
     save_every_minutes: float
     train_memory_bytes: int  # the estimate at one micro-batch
     compute_optimal_hours: float | None  # of the model, at ASSUMED_MFU (None where the peak is not known)
+    steps_per_call: int = 1  # optimizer steps per compiled call
     overridden: tuple[str, ...] = ()  # the flags given, which win over the plan
 
     @property
@@ -177,6 +188,7 @@ class Plan:
         return TrainConfig(**{"batch_size": self.batch_size,
                               "gradient_accumulation_steps": self.gradient_accumulation_steps,
                               "learning_rate": self.learning_rate, "save_every_minutes": self.save_every_minutes,
+                              "steps_per_call": self.steps_per_call,
                               **overrides})
 
     def describe(self) -> str:
@@ -185,6 +197,7 @@ class Plan:
                  f"{self.memory_bytes / 2**30:.1f} GiB usable")
         model = f"{self.model_preset} preset" if self.model_preset else "the given model"
         accum = f" × {self.gradient_accumulation_steps} accumulation" if self.gradient_accumulation_steps > 1 else ""
+        accum += f", {self.steps_per_call} steps per call" if self.steps_per_call > 1 else ""
         return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): "
                 f"{model}, {self.seq_len} tokens, "
                 f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, "
@@ -216,13 +229,14 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
     device = jax.local_devices()[0] if detected else hw.device()
     preset = choose_preset(hw, vocab_size, num_devices, memory, device) if model is None else None
     cfg = model or replace(preset_config(preset, vocab_size), dtype=_precision(hw))
-    kernel = attention_implementation(cfg, device=device, n_devices=num_devices)
+    kernel = attention_implementation(cfg, device=device)
     micro, accum = choose_batch(cfg, memory, kernel)
     peak = _peak(hw, cfg.dtype)
     return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum,
                 choose_learning_rate(cfg), cfg.dtype, kernel, SAVE_MINUTES[hw.platform],
                 train_memory_bytes(cfg, micro, kernel=kernel)["total"],
-                compute_optimal_hours(cfg, peak * num_devices) if peak else None)
+                compute_optimal_hours(cfg, peak * num_devices) if peak else None,
+                choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1)
 
 # %% ../nbs/04a_profiles.ipynb #95de655a
 def profile_table(vocab_size: int = 4096) -> list[dict]:
@@ -232,7 +246,7 @@ def profile_table(vocab_size: int = 4096) -> list[dict]:
         p = plan_run(name, vocab_size)
         cfg = p.model_config(vocab_size)
         rows.append({"profile": name, "preset": p.model_preset, "params": param_count(cfg), "seq_len": p.seq_len,
-                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}",
+                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "steps/call": p.steps_per_call,
                      "learning rate": f"{p.learning_rate:.2g}", "precision": p.precision_flag, "attention": p.attention,
                      "memory": f"{p.train_memory_bytes / 2**30:.1f}"
                                + (" GiB" if name == "cpu" else f" / {p.memory_bytes / 2**30:.1f} GiB"),

@@ -29,15 +29,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 from .data import step_batches
-from .model import ModelConfig, Transformer
+from .model import ModelConfig, Transformer, mesh_of, on_mesh
 from .sizing import flops_per_token
 from .tokenizer import TinyLMError
 
 # %% auto #0
 __all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask',
            'make_optimizer', 'clip_or_skip', 'init_model', 'loss_fn', 'chunked_cross_entropy', 'compiler_options',
-           'make_train_step', 'use_compile_cache', 'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops',
-           'TrainLog', 'Interrupted', 'stop_signals', 'fit']
+           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'cpu_peak_flops',
+           'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -63,12 +63,14 @@ class TrainConfig:
     keep_checkpoints: int = 2  # checkpoint_step_N folders kept (newest first), besides the best by validation loss
     seed: int = 0  # seeds parameters and batch order
     max_skipped_steps: int = 5  # non-finite gradients in a row (updates skipped) that stop the run
+    # optimizer steps per compiled call (one scan): logging, evaluation, saves and signals land on its boundaries
+    steps_per_call: int = 1
 
     def __post_init__(self):
         if self.max_steps is None and self.epochs is None:
             raise TinyLMError("give --max-steps or --epochs: a run needs an end")
         for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every",
-                     "save_every", "max_skipped_steps", "keep_checkpoints"):
+                     "save_every", "max_skipped_steps", "keep_checkpoints", "steps_per_call"):
             if getattr(self, name) < 1:
                 raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 1 or self.epochs is not None and self.epochs <= 0:
@@ -245,16 +247,20 @@ def compiler_options() -> dict:
      "rewrite off (7–10 % and 8–11 % faster steps measured); none elsewhere.")
     return dict(_cpu_options())
 
-def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0):
-    ("A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, "
-     "and the initial state.")
+def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0,
+                    steps_per_call: int = 1, platform: str | None = None):
+    ("A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the "
+     "initial state. With `steps_per_call` > 1 it takes a tuple of batches, one optimizer step each. `platform`: "
+     "the one it is lowered for (default: this machine's).")
     graphdef, state = nnx.split((model, optimizer))
     use_dropout = model.cfg.dropout_rate > 0
     # data parallel on a CPU: one all-reduce of all gradients, after the accumulation (05_parallel, "One all-reduce")
-    mesh = _replicated_mesh(nnx.state(model)) if jax.default_backend() == "cpu" and not use_dropout else None
+    on_cpu = (platform or jax.default_backend()) == "cpu"
+    mesh = _replicated_mesh(nnx.state(model)) if on_cpu and not use_dropout else None
+    layout = mesh_of(state)  # the splash kernel's shard_map needs it while tracing
 
-    @partial(jax.jit, donate_argnums=0, compiler_options=compiler_options())
-    def train_step(state, batch_BT):
+    @on_mesh(layout)
+    def one_step(state, batch_BT):
         model, optimizer = nnx.merge(graphdef, state)
         key = jax.random.fold_in(jax.random.key(seed), optimizer.step[...]) if use_dropout else None
         if mesh is not None and batch_BT.shape[0] % (mesh.size * accum_steps) == 0:
@@ -265,7 +271,17 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
                    "skipped": optimizer.opt_state.notfinite_count[...]}
         return nnx.state((model, optimizer)), metrics
-    return train_step, state
+    step = one_step if steps_per_call == 1 else steps_in_one_call(one_step)
+    return jax.jit(step, donate_argnums=0, compiler_options=compiler_options()), state
+
+def steps_in_one_call(one_step: Callable) -> Callable:
+    ("`one_step(state, batch_BT)` scanned over a tuple of batches: the last step's loss and gradient norm, the "
+     "most skipped steps in a row seen, and every step's loss (`losses`).")
+    def steps(state, batches):
+        state, metrics_K = jax.lax.scan(one_step, state, jnp.stack(batches))
+        return state, {"loss": metrics_K["loss"][-1], "grad_norm": metrics_K["grad_norm"][-1],
+                       "skipped": metrics_K["skipped"].max(), "losses": metrics_K["loss"]}
+    return steps
 
 # %% ../nbs/04_train.ipynb #834ca1df
 COMPILE_CACHE = "~/.cache/tiny_lm/jax"  # where compiled programs are kept between runs by default
@@ -308,9 +324,10 @@ def use_compile_cache(directory: str | Path | None = "auto", max_bytes: int = 2 
 # %% ../nbs/04_train.ipynb #c386cfd0
 def make_eval_step(model: Transformer, optimizer: nnx.Optimizer):
     "A jitted `eval_step(state, batch_BT) -> loss` over the same state as `make_train_step`."
-    graphdef = nnx.graphdef((model, optimizer))
+    graphdef, layout = nnx.graphdef((model, optimizer)), mesh_of(nnx.state(model))
 
     @partial(jax.jit, compiler_options=compiler_options())
+    @on_mesh(layout)
     def eval_step(state, batch_BT):
         model, _ = nnx.merge(graphdef, state)
         return loss_fn(model, batch_BT)
@@ -569,38 +586,49 @@ def _reporting(model: Transformer, start_step: int, peak: float | None, output_d
     live = LivePlot() if (progress and in_notebook() if live_plot is None else live_plot) else None
     return run, metrics_path, bar, live
 
-def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable, state, seq_len: int):
-    "Fetch the next batch, put it on the devices and run one step on it: `(state, metrics, data_state)`."
+def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable, state, seq_len: int, steps: int,
+                     steps_per_call: int):
+    ("Fetch the next `steps` batches, put them on the devices and run `steps` optimizer steps on them in one call: "
+     "`(state, metrics, data_state)`.")
     fetched = time.perf_counter()
-    batch, data_state = next(loader)
-    batch_BT = put(batch)
+    batches_BT = []
+    for _ in range(steps):
+        batch, data_state = next(loader)
+        batches_BT.append(put(batch))
     called = time.perf_counter()
-    state, metrics = train_step(state, batch_BT)
-    if run.steps == 0:  # the first call traces and compiles before it dispatches
-        run.compile_seconds, run.tokens_per_step = time.perf_counter() - called, batch_BT.shape[0] * seq_len
-        run.eval_seconds += run.compile_seconds  # out of the rates, like evaluation
+    state, metrics = train_step(state, batches_BT[0] if steps_per_call == 1 else tuple(batches_BT))
+    if run.steps == 0 or steps != steps_per_call:  # the first call (and a last, shorter one) traces and compiles
+        run.compile_seconds += time.perf_counter() - called
+        run.eval_seconds += time.perf_counter() - called  # out of the rates, like evaluation
+        run.tokens_per_step = batches_BT[0].shape[0] * seq_len
     run.outside += called - fetched
-    run.steps += 1
+    run.steps += steps
     return state, metrics, data_state
 
-def _log_step(run: TrainLog, cfg: TrainConfig, done: int, total_steps: int, metrics: dict, schedule: Callable,
-              bar, live: LivePlot | None, metrics_path: Path | None) -> None:
+def _crossed(before: int, done: int, every: int) -> bool:
+    "Whether a multiple of `every` lies in (before, done]: a call of several steps lands on the next boundary."
+    return done // every > before // every
+
+def _log_step(run: TrainLog, cfg: TrainConfig, before: int, done: int, total_steps: int, metrics: dict,
+              schedule: Callable, bar, live: LivePlot | None, metrics_path: Path | None) -> None:
     "Advance the progress bar; at a log step (and the last), record the metrics and redraw the live plot."
-    if done % cfg.log_every == 0 or done == total_steps:
+    if _crossed(before, done, cfg.log_every) or done == total_steps:
         _record(run, done, metrics, float(schedule(done - 1)), bar, cfg.max_skipped_steps, metrics_path)
         run.eval_seconds += live.update(run) if live else 0.0  # drawing is not training time
-    bar.update(1)
+    bar.update(done - before)
 
-def _due(cfg: TrainConfig, done: int, total_steps: int, val_batches, checkpoint: Callable | None,
+def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches, checkpoint: Callable | None,
          requested: list[int], last_save: float) -> tuple[bool, bool, int]:
-    "What step `done` calls for, the same on every process: evaluate, save, stop (the signal number; 0: no)."
-    evaluating = val_batches and (done % cfg.eval_every == 0 or done == total_steps)
+    ("What the call that took the run from step `before` to `done` calls for, the same on every process: "
+     "evaluate, save, stop (the signal number; 0: no).")
+    evaluating = val_batches and (_crossed(before, done, cfg.eval_every) or done == total_steps)
     stop, late = 0, False  # a signal to any process stops all; a save that is due by the clock on any process saves all
-    if jax.process_count() == 1 or done % cfg.log_every == 0:  # many processes compare notes at log steps only
+    if jax.process_count() == 1 or _crossed(before, done, cfg.log_every):  # many processes compare at log steps only
         stop, late = _on_any_process(
             requested[0] if requested and done < total_steps else 0,
             cfg.save_every_minutes > 0 and time.monotonic() - last_save >= 60 * cfg.save_every_minutes)
-    saving = checkpoint is not None and (done % cfg.save_every == 0 or done == total_steps or late > 0 or stop > 0)
+    saving = checkpoint is not None and (_crossed(before, done, cfg.save_every) or done == total_steps or late > 0
+                                         or stop > 0)
     return evaluating, saving, stop
 
 @contextmanager
@@ -663,16 +691,21 @@ def fit(
     on_eval: Callable[[int, Transformer], None] | None = None,  # called as on_eval(step, model) after each evaluation
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
-    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed)
+    K = cfg.steps_per_call
+    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K)
     eval_step, schedule, val_put = make_eval_step(model, optimizer), lr_schedule(cfg, total_steps), val_put or put
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
-    loader, last_save = step_batches(batches, start_step, cfg.gradient_accumulation_steps), time.monotonic()
+    loader = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K))
+    done, last_save = start_step, time.monotonic()  # `done`: the steps completed
     with stop_signals() as requested:  # SIGTERM or Ctrl-C: save after this step, then stop
         try:
-            for done in range(start_step + 1, total_steps + 1):  # `done`: the steps completed, this one included
-                state, metrics, data_state = _fetch_and_train(run, loader, put, train_step, state, model.cfg.seq_len)
-                _log_step(run, cfg, done, total_steps, metrics, schedule, bar, live, metrics_path)
-                evaluating, saving, stop = _due(cfg, done, total_steps, val_batches, checkpoint, requested, last_save)
+            while done < total_steps:  # one call: K steps (fewer at the end)
+                before, done = done, min(done + K, total_steps)
+                state, metrics, data_state = _fetch_and_train(run, loader, put, train_step, state, model.cfg.seq_len,
+                                                              done - before, K)
+                _log_step(run, cfg, before, done, total_steps, metrics, schedule, bar, live, metrics_path)
+                evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested,
+                                                last_save)
                 with _paused(run, metrics, evaluating or saving):
                     if evaluating:
                         _evaluate(run, done, metrics, evaluate(eval_step, state, val_batches, val_put), metrics_path,
