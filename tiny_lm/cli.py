@@ -25,7 +25,7 @@ from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAP
 from .generate import check_sampling, evaluate_text, generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
-from .profiles import Plan, device_memory, match_hardware, plan_run
+from .profiles import Plan, device_memory, match_hardware, plan_run, steps_per_call_dividing
 from .run import (RunConfig, Trainer, describe_inspection, duration, inspect_run, mesh_devices, recorded_model,
                          resolve_resume, saved_run, split_cpu)
 from .sizing import PRESETS, preset_config, size_report, target_config
@@ -225,8 +225,9 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         args.learning_rate = fitted.learning_rate
     if args.save_every_minutes is None:
         args.save_every_minutes = plan.save_every_minutes
-    if args.steps_per_call is None:
-        args.steps_per_call = fitted.steps_per_call
+    if args.steps_per_call is None:  # fewer, if need be, so that each interval given keeps its steps
+        intervals = [args.log_every, args.eval_every, args.save_every, args.max_steps]
+        args.steps_per_call = steps_per_call_dividing(fitted.steps_per_call, intervals)
     kind = jax.devices()[0].device_kind
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
     if not plan.detected and plan.profile != here:
