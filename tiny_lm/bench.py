@@ -155,7 +155,7 @@ def _traced_steps(model, optimizer, batches: Batches, train_cfg: TrainConfig, me
     with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True, profiler_options=options):
         fit(model, optimizer, batches, more, more.max_steps, start_step=train_cfg.max_steps, put=batch_put(mesh),
             progress=False)
-    return op_times(trace_dir)
+    return op_times(trace_dir, steps_per_call=train_cfg.steps_per_call)
 
 # %% ../nbs/08b_bench.ipynb #dde0615a
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -184,9 +184,11 @@ def _op_events(trace_dir: str | Path, module: str) -> tuple[dict, int]:
             devices.add(a.get("device_ordinal"))
     return total, len(runs) * len(devices)
 
-def op_times(trace_dir: str | Path, module: str = "train_step", top: int = 10) -> dict:
-    "Where a compiled step's time goes, per device and step, by kind and by op: from a `jax.profiler` Perfetto trace."
-    total, per = _op_events(trace_dir, module)  # per: to ms per device and step
+def op_times(trace_dir: str | Path, module: str = "train_step", top: int = 10, steps_per_call: int = 1) -> dict:
+    ("Where a compiled step's time goes, per device and step, by kind and by op: from a `jax.profiler` Perfetto "
+     "trace of calls of `steps_per_call` optimizer steps each.")
+    total, per = _op_events(trace_dir, module)
+    per *= steps_per_call  # to ms per device and step
     if not total:
         return {"step_ms": None, "by_kind": {}, "top_ops": []}
     step_ms = sum(total.values()) / per
