@@ -34,6 +34,7 @@ setuptools.setup(
     url=cfg['git_url'],
     packages=setuptools.find_packages(include=['tiny_lm', 'tiny_lm.*']),
     include_package_data=True,
+    package_data={'tiny_lm': ['texts/*']},  # the lesson texts (tiny_lm/texts/README.md)
     install_requires=requirements,
     extras_require={'dev': dev_requirements + cloud_requirements + test_requirements, 'cloud': cloud_requirements,
                     'test': test_requirements},

@@ -33,8 +33,8 @@ from .tokenizer import EOT, TinyLMError, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'DataConfig', 'builtin_corpus_files',
-           'file_format', 'source_kind', 'Shard', 'TextSource', 'open_source', 'load_tokens', 'first_tokens',
-           'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
+           'lesson_text', 'file_format', 'source_kind', 'Shard', 'TextSource', 'open_source', 'load_tokens',
+           'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -93,6 +93,16 @@ def builtin_corpus_files() -> list[Path]:
 def _held_out(key: str, fraction: float) -> bool:
     "Whether the document named `key` is held out for validation: a stable hash, not Python's salted `hash`."
     return zlib.crc32(key.encode("utf-8")) % 10_000 < fraction * 10_000
+
+# %% ../nbs/03_data.ipynb #0f0495a6
+def lesson_text(name: str = "tiny_shakespeare.txt") -> Path:
+    "The path of a small text that ships with tiny_lm (see `tiny_lm/texts/README.md`): for lessons and examples."
+    import tiny_lm
+    path = Path(tiny_lm.__file__).parent / "texts" / name
+    if not path.is_file():
+        known = sorted(p.name for p in path.parent.glob("*") if p.name != "README.md")
+        raise FileNotFoundError(f"no lesson text {name!r}: tiny_lm ships {', '.join(known)}")
+    return path
 
 # %% ../nbs/03_data.ipynb #d3f3bb5e
 _FORMATS = {".txt": "text", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
