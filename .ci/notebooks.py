@@ -160,10 +160,15 @@ def _summary(tb: str) -> str:
 
 def _run_copies(args) -> int:
     """The worker side (PYTHONPATH is the wheel's site only): run the copies in `args.workers` processes."""
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     flags, copies = args.flags.split(), [Path(p) for p in args.run_copies]
+    # a notebook's IPython shell replaces sys.modules['__main__'] in the worker: name this module apart, so that
+    # the worker still finds _test_one for the next notebook (nbdev_test's test_nb lives in an importable module)
+    sys.modules['_outside_runner'] = sys.modules[__name__]
+    _test_one.__module__ = '_outside_runner'
     start, failed = time.time(), []
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+    with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context('fork')) as pool:
         futures = []
         for fn in copies:
             futures.append(pool.submit(_test_one, str(fn), flags))
