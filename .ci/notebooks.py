@@ -7,7 +7,7 @@
 
 1. A static check over every code cell of every notebook: a notebook that reaches for `../anything` (the tests'
    fixtures, a shared folder) works in the repository and breaks on Colab, where the notebook is alone. It fails
-   with one line per offence: the notebook, the cell (counted from 0, as nbdev's tracebacks count) and the path.
+   with one line per offence: the notebook, the cell (counted from 1, as nbdev's tracebacks count) and the path.
 2. The wheel is built from a copy of the package sources (offline, with the installed setuptools: `build
    --no-isolation`) and must hold every file of `tiny_lm/`, the lesson texts `tiny_lm/texts/*` included.
 3. The wheel is installed with `pip install --no-deps --target TMP/site`; each notebook is copied, alone, into a
@@ -49,7 +49,7 @@ def parent_refs(notebook: Path) -> list[str]:
     """One line per `../` path a code cell of `notebook` reaches for, outside its folder (comment lines ignored)."""
     cells = json.loads(Path(notebook).read_text(encoding='utf-8')).get('cells', [])
     found = []
-    for idx, cell in enumerate(cells):
+    for idx, cell in enumerate(cells, start=1):  # execnb's numbering
         if cell.get('cell_type') != 'code':
             continue
         code = '\n'.join(ln for ln in _source(cell).splitlines() if not ln.lstrip().startswith('#'))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every check tiny_lm's CI runs, in order: export/clean/README are up to date, ruff (.ci/lint.py), the notebooks
-# (nbdev_test), then pytest. pytest runs last so that its summary ("N passed in ...") is the final
+# (.ci/notebooks.py: copies outside the repository against the built wheel), then pytest. pytest runs last so that its summary ("N passed in ...") is the final
 # line printed. Run from the repository root with the dev virtual environment active:
 #   pip install -e ".[dev]" && bash tests/check.sh
 set -euo pipefail
@@ -45,11 +45,11 @@ echo "ok: nothing to export, clean or regenerate"
 header "2/4: ruff on tiny_lm: pyflakes, 120-character lines, function complexity and length (.ci/lint.py)"
 python .ci/lint.py
 
-header "3/4: nbdev_test (skips cells flagged slow, net, accel)"
+header "3/4: the notebooks as readers open them: no ../, copies outside the repository against the built wheel (skips cells flagged slow, net, accel)"
 XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE=1 \
-    nbdev_test --n_workers 2
+    python .ci/notebooks.py --workers 2
 
-header "4/4: pytest tests (export, ruff and nbdev_test passed)"
+header "4/4: pytest tests (export, ruff and the notebooks passed)"
 status=0
 HF_HUB_OFFLINE=1 python -m pytest -q -n 2 tests || status=$?  # two workers: the tests mostly wait on their own subprocesses
 if [[ $status -eq 5 ]]; then
