@@ -18,6 +18,7 @@
 """
 import argparse
 import configparser
+import contextlib
 import json
 import os
 import re
@@ -66,15 +67,9 @@ def static_check(notebooks: list[Path]) -> list[str]:
 def default_notebooks() -> list[Path]:
     """The notebooks nbdev_test would run: nbdev's glob of nbs/, less folders holding a `.notest` file."""
     from nbdev.doclinks import nbglob
-    with _cwd(ROOT):
+    with contextlib.chdir(ROOT):
         files = nbglob(as_path=True)
     return [f.absolute() for f in sorted(files) if not (f.parent / '.notest').exists()]
-
-
-class _cwd:
-    def __init__(self, path): self.path, self.old = path, None
-    def __enter__(self): self.old = os.getcwd(); os.chdir(self.path)
-    def __exit__(self, *exc): os.chdir(self.old)
 
 
 def skip_flags() -> list[str]:
@@ -142,7 +137,7 @@ def copy_notebooks(notebooks: list[Path], dest: Path) -> list[Path]:
 
 def _test_one(fn: str, flags: list[str]) -> tuple[str, bool, float, str]:
     """Run one notebook copy with nbdev's runner (in a worker process); its traceback is returned, not printed."""
-    import contextlib, io
+    import io
     from nbdev.test import test_nb
     err = io.StringIO()
     with contextlib.redirect_stderr(err):

@@ -55,8 +55,10 @@ def test_notebooks_run_outside_against_the_wheel(tmp_path):
     """One build and one run: a notebook that sees the wheel passes (its `#| slow` and `#| eval: false` cells that
     would fail are skipped), a notebook whose cell fails makes the check exit non-zero, naming it and the error."""
     good = write_nb(tmp_path / "good.ipynb",
-                    "import os, shutil, subprocess, tiny_lm\nfrom pathlib import Path\nfrom tiny_lm.data import lesson_text",
-                    f"root = Path({str(ROOT)!r})\nassert not Path(tiny_lm.__file__).is_relative_to(root), tiny_lm.__file__\n"
+                    "import os, shutil, subprocess, tiny_lm\nfrom pathlib import Path\n"
+                    "from tiny_lm.data import lesson_text",
+                    f"root = Path({str(ROOT)!r})\n"
+                    "assert not Path(tiny_lm.__file__).is_relative_to(root), tiny_lm.__file__\n"
                     "assert lesson_text().stat().st_size == 59_804\n"
                     "assert sorted(os.listdir('.')) == ['bad.ipynb', 'good.ipynb'], os.listdir('.')",
                     "exe = shutil.which('tiny-lm')\nassert not Path(exe).is_relative_to(root) and "
