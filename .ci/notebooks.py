@@ -164,12 +164,15 @@ def _run_copies(args) -> int:
     _test_one.__module__ = '_outside_runner'
     start, failed = time.time(), []
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context('fork')) as pool:
-        futures = []
+        futures = {}
         for fn in copies:
-            futures.append(pool.submit(_test_one, str(fn), flags))
+            futures[pool.submit(_test_one, str(fn), flags)] = str(fn)
             time.sleep(0.01)  # as nbdev_test's pause
         for fut in as_completed(futures):
-            fn, ok, secs, tb = fut.result()
+            try:
+                fn, ok, secs, tb = fut.result()
+            except Exception as e:  # the worker died (a crash in native code, os._exit): the pool is gone too
+                fn, ok, secs, tb = futures[fut], False, 0.0, f"the worker process running it died: {e!r}"
             name = Path(fn).relative_to(Path.cwd())
             print(f"{'ok  ' if ok else 'FAIL'} {secs:6.1f}s  {name}", flush=True)
             if not ok:
