@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check tiny_lm's CI runs, in order: export/clean/README are up to date, ruff (.ci/lint.py), the notebooks
-# (.ci/notebooks.py: copies outside the repository against the built wheel), then pytest. pytest runs last so that its summary ("N passed in ...") is the final
-# line printed. Run from the repository root with the dev virtual environment active:
+# (.ci/notebooks.py: no `../`, then copies outside the repository against the built wheel), then pytest. pytest
+# runs last so that its summary ("N passed in ...") is the final line printed. Run from the repository root with
+# the dev virtual environment active:
 #   pip install -e ".[dev]" && bash tests/check.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -45,7 +46,7 @@ echo "ok: nothing to export, clean or regenerate"
 header "2/4: ruff on tiny_lm: pyflakes, 120-character lines, function complexity and length (.ci/lint.py)"
 python .ci/lint.py
 
-header "3/4: the notebooks as readers open them: no ../, copies outside the repository against the built wheel (skips cells flagged slow, net, accel)"
+header "3/4: notebooks as readers open them: copies outside the repo, the built wheel (skips slow, net, accel)"
 XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE=1 \
     python .ci/notebooks.py --workers 2
 
