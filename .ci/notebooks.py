@@ -180,7 +180,7 @@ def _run_copies(args) -> int:
     print(f"{len(copies) - len(failed)} of {len(copies)} notebooks passed outside the repository in "
           f"{time.time() - start:.0f}s ({args.workers} workers)")
     for name, tb in failed:
-        sys.stderr.write(f"\n{tb}")
+        sys.stderr.write(f"\n{tb.rstrip()}\n")
     for name, tb in failed:
         sys.stderr.write(f"notebooks: {name} failed outside the repository: {_summary(tb)}\n")
     return 1 if failed else 0
