@@ -22,38 +22,39 @@ def runtime(root="/"):
 
 def installed_jax():
     "(version, backend) of the JAX this session runs or would import; None if there is none that imports."
-    if "jax" in sys.modules:  # already imported here: that JAX is the one this session runs (and it holds the TPU)
+    if "jax" in sys.modules:  # imported here already: ask it, as another process would not get its TPU
         return sys.modules["jax"].__version__, sys.modules["jax"].default_backend()
     # asked in another process, so that this session does not import a JAX that may be about to be replaced
     query = subprocess.run([sys.executable, "-c", "import jax; print(jax.__version__, jax.default_backend())"],
                            capture_output=True, text=True)
     return tuple(query.stdout.split()[-2:]) if query.returncode == 0 else None
 
+def fits(device, jax):
+    "Whether the installed `jax`, (version, backend), is new enough and sees `device`."
+    return jax is not None and Version(jax[0]) >= Version(JAX_MIN) and jax[1] == device
+
 def plan(device, jax):
-    "pip's arguments, one list per call: the JAX build for `device` unless the installed `jax` fits, then tiny_lm."
-    fits = jax is not None and Version(jax[0]) >= Version(JAX_MIN) and jax[1] == device
-    jax_step = [] if fits else [["install", "-q", "-U", f"{JAX_BUILDS[device]}>={JAX_MIN}"]]
-    # -U fetches the newest tiny_lm; its dependencies already met (the JAX above too) are left as they are
-    return jax_step + [["install", "-q", "-U", TINY_LM]]
+    "pip's arguments: the newest tiny_lm, with the installed JAX kept where it fits, else the build for `device`."
+    # JAX named in the same call: tiny_lm's dependencies (flax) can then neither move it nor drop its extra
+    keep_or_build = f"jax=={jax[0]}" if fits(device, jax) else f"{JAX_BUILDS[device]}>={JAX_MIN}"
+    return ["install", "-q", "-U", keep_or_build, TINY_LM]
 
 def set_up(root="/"):
     "Install what this runtime lacks; say what was decided, and whether the session must restart."
     device, jax = runtime(root), installed_jax()
     print(f"Runtime: {device}. Installed JAX: {' on '.join(jax) if jax else 'none that imports'}.")
-    steps = plan(device, jax)
-    for args in steps:
-        print("pip", *args)
-        subprocess.check_call([sys.executable, "-m", "pip", *args])
-    new_jax = len(steps) == 2  # JAX, then tiny_lm
-    if new_jax and "jax" in sys.modules:  # this session still runs the JAX it imported before the install
+    kept, args = fits(device, jax), plan(device, jax)
+    print("pip", *args)
+    subprocess.check_call([sys.executable, "-m", "pip", *args])
+    if not kept and "jax" in sys.modules:  # this session still runs the JAX it imported before the install
         print("RESTART NEEDED: JAX was replaced after this session imported it. "
               "Runtime → Restart session, then run this cell again (it will keep the new JAX).")
         return
-    jax = installed_jax() if new_jax else jax
+    jax = jax if kept else installed_jax()  # the new JAX, asked what it sees
     if jax is None or jax[1] != device:
         raise RuntimeError(f"The new JAX sees {jax[1] if jax else 'nothing'}, not the {device}: "
                            "Runtime → Restart session, then run this cell again.")
-    print(f"Ready: JAX {jax[0]} ({'installed' if new_jax else 'kept: new enough'}) sees the {device}.")
+    print(f"Ready: JAX {jax[0]} ({'kept: new enough' if kept else 'installed'}) sees the {device}.")
 
 if "google.colab" in sys.modules:  # Colab only: elsewhere, install with the README's commands
     set_up()

@@ -13,8 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CELL = (ROOT / '.ci' / 'colab_cell.py').read_text(encoding='utf-8')
 WRITER = ROOT / '.ci' / 'colab_cell_write.py'
-TINY_LM = ['install', '-q', '-U', 'tiny_lm[cloud] @ git+https://github.com/tiny-lm/tiny_lm']
+TINY_LM = 'tiny_lm[cloud] @ git+https://github.com/tiny-lm/tiny_lm'
 NEW = '0.10.2'  # the JAX a simulated install brings
+JAX_BUILDS = {'tpu': 'jax[tpu]>=0.10', 'gpu': 'jax[cuda12]>=0.10', 'cpu': 'jax>=0.10'}
 
 
 class FakeSubprocess:
@@ -33,7 +34,7 @@ class FakeSubprocess:
     def check_call(self, args):
         assert args[:3] == [sys.executable, '-m', 'pip'], args
         self.pip.append(args[3:])
-        if args[-1].startswith('jax'):
+        if self.after is not None:
             self.jax = self.after
         return 0
 
@@ -91,7 +92,7 @@ def test_runtime_is_found_where_jax_looks(monkeypatch, tmp_path, name):
     assert cell['runtime'](str(machine(tmp_path, *files))) == expected
 
 
-SCENARIOS = {  # the machine, its runtime, the installed JAX, what a new JAX sees -> the JAX pip installs (None: kept)
+SCENARIOS = {  # the machine, its runtime, the installed JAX, what a new JAX sees -> the JAX pip is given (None: kept)
     'colab tpu, its jax fits': (TPU_V5E, 'tpu', (NEW, 'tpu'), None, None),
     'tpu, jax too old': (TPU_V5E, 'tpu', ('0.4.38', 'tpu'), (NEW, 'tpu'), 'jax[tpu]>=0.10'),
     'tpu, jax sees only the cpu': (TPU_V5E, 'tpu', (NEW, 'cpu'), (NEW, 'tpu'), 'jax[tpu]>=0.10'),
@@ -110,7 +111,8 @@ def test_jax_is_installed_only_when_the_installed_one_does_not_fit(monkeypatch, 
     assert fake.pip == [] and fake.queries == 0  # off Colab the cell only defines its functions
     monkeypatch.delitem(sys.modules, 'jax', raising=False)
     cell['set_up'](str(machine(tmp_path, *files)))
-    assert fake.pip == ([] if jax_install is None else [['install', '-q', '-U', jax_install]]) + [TINY_LM]
+    jax_named = f'jax=={installed[0]}' if jax_install is None else jax_install  # kept where it fits, pinned
+    assert fake.pip == [['install', '-q', '-U', jax_named, TINY_LM]]
     out = capsys.readouterr().out
     assert out.startswith(f"Runtime: {device}. Installed JAX: {' on '.join(installed) if installed else 'none'}")
     if jax_install is None:
@@ -133,7 +135,7 @@ def test_replacing_a_jax_this_session_imported_asks_for_a_restart(monkeypatch, t
     cell = run_cell(monkeypatch, fake, colab=False)
     monkeypatch.setitem(sys.modules, 'jax', fake_jax('0.4.38', 'tpu'))
     cell['set_up'](str(machine(tmp_path, *TPU_V5E)))  # no assert, no exception: a message
-    assert fake.pip == [['install', '-q', '-U', 'jax[tpu]>=0.10'], TINY_LM]
+    assert fake.pip == [['install', '-q', '-U', 'jax[tpu]>=0.10', TINY_LM]]
     assert fake.queries == 0  # the session's own JAX was asked: it holds the TPU, another process would not get it
     out = capsys.readouterr().out
     assert 'Installed JAX: 0.4.38 on tpu.' in out
@@ -145,7 +147,7 @@ def test_an_imported_jax_that_fits_is_kept_without_a_restart(monkeypatch, tmp_pa
     cell = run_cell(monkeypatch, fake, colab=False)
     monkeypatch.setitem(sys.modules, 'jax', fake_jax(NEW, 'tpu'))
     cell['set_up'](str(machine(tmp_path, *TPU_V5E)))
-    assert fake.pip == [TINY_LM] and fake.queries == 0
+    assert fake.pip == [['install', '-q', '-U', f'jax=={NEW}', TINY_LM]] and fake.queries == 0
     out = capsys.readouterr().out
     assert 'RESTART' not in out and f'Ready: JAX {NEW} (kept: new enough) sees the tpu.' in out
 
@@ -161,7 +163,7 @@ def test_on_colab_the_cell_sets_up_this_machine(monkeypatch, capsys):
     here = run_cell(monkeypatch, FakeSubprocess(None), colab=False)['runtime']()
     fake = FakeSubprocess(('0.4.33', here), after=(NEW, here))
     run_cell(monkeypatch, fake, colab=True)
-    assert fake.pip[-1] == TINY_LM and len(fake.pip) == 2
+    assert fake.pip == [['install', '-q', '-U', JAX_BUILDS[here], TINY_LM]]
     out = capsys.readouterr().out
     assert out.startswith(f'Runtime: {here}. Installed JAX: 0.4.33 on {here}.')
     assert f'Ready: JAX {NEW} (installed) sees the {here}.' in out
