@@ -39,18 +39,15 @@ class FakeSubprocess:
         return 0
 
 
-def run_cell(monkeypatch, fake, colab, kernel_jax=None):
-    "Execute the cell as a notebook would, with `fake` as its subprocess; return the names it defined."
+def run_cell(monkeypatch, fake, colab):
+    "Execute the cell as a fresh notebook session would, with `fake` as its subprocess; return the names it defined."
     with monkeypatch.context() as m:
         m.setitem(sys.modules, 'subprocess', fake)
         if colab:
             m.setitem(sys.modules, 'google.colab', types.ModuleType('google.colab'))
         else:
             m.delitem(sys.modules, 'google.colab', raising=False)
-        if kernel_jax:
-            m.setitem(sys.modules, 'jax', kernel_jax)
-        else:
-            m.delitem(sys.modules, 'jax', raising=False)
+        m.delitem(sys.modules, 'jax', raising=False)
         namespace = {}
         exec(compile(CELL, str(WRITER.parent / 'colab_cell.py'), 'exec'), namespace)
     return namespace
@@ -62,6 +59,7 @@ def fake_jax(version, backend):
 
 
 def machine(root: Path, *files: tuple[str, str]) -> Path:
+    "A simulated machine: `files` (path under `root`, text) written under `root`."
     for name, text in files:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
@@ -191,7 +189,8 @@ def test_the_cell_is_short_flagged_and_pinned_like_settings_ini(tmp_path):
 
 
 def write(nbs: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(WRITER), '--nbs', str(nbs), *flags], capture_output=True, text=True)
+    return subprocess.run([sys.executable, str(WRITER), '--nbs', str(nbs), *flags], capture_output=True, text=True,
+                          check=False)
 
 
 def test_the_writer_fills_cells_1_2_and_check_catches_a_stale_notebook(tmp_path):
