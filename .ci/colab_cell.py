@@ -7,7 +7,7 @@ JAX_MIN = "0.10"  # tiny_lm needs jax>=0.10; an installed JAX this new that sees
 # The JAX build for each runtime, named: without the extra, JAX silently runs on the CPU. cuda12 runs on
 # every NVIDIA driver from 525 on; cuda13 would need 580 or newer, which a Colab GPU may not have.
 JAX_BUILDS = {"tpu": "jax[tpu]", "gpu": "jax[cuda12]", "cpu": "jax"}
-TPU_CHIPS = {"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076"}  # TPU v2-7x PCI ids, as JAX lists them
+TPU_CHIPS = {"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076"}  # TPU v2-7x PCI ids (JAX's list)
 
 def runtime(root="/"):
     "'tpu', 'gpu' or 'cpu': the accelerator of this machine, looked for where JAX itself looks."
