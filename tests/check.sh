@@ -23,7 +23,7 @@ snapshot() {
         LC_ALL=C sort -z | xargs -0 sha256sum
 }
 
-header "1/4: notebooks exported and clean, README generated"
+header "1/4: notebooks exported and clean, README and Colab cells generated"
 before="$(snapshot)"
 nbdev_export
 nbdev_clean
@@ -41,6 +41,7 @@ if ! cmp -s README.md "$readme_before"; then
     echo "check: README.md was out of date with nbs/index.ipynb; run 'python .ci/readme.py' and commit README.md" >&2
     exit 1
 fi
+python .ci/colab_cell_write.py --check  # every notebook's Colab set-up cells are .ci/colab_cell.md and .ci/colab_cell.py
 echo "ok: nothing to export, clean or regenerate"
 
 header "2/4: ruff on tiny_lm: pyflakes, 120-character lines, function complexity and length (.ci/lint.py)"
