@@ -39,33 +39,42 @@ def step_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 class _QuietReadOnly(logging.Filter):
-    ("Orbax's warnings on read-only managers (how tiny-lm reads runs) "
+    ("Orbax's warnings on read-only managers (how tiny-lm reads runs), on saves without a validation loss, "
      "and on damaged steps (tiny-lm says it in one line).")
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
             return False  # a second Ctrl-C as a save finishes: tiny-lm says so in one line, not Orbax's traceback
         message = record.getMessage()
         return not any(s in message
-                       for s in ("read_only=True", "directory is read only", "Failed to read Metadata file"))
+                       for s in ("read_only=True", "directory is read only", "Failed to read Metadata file",
+                                 # a save without a validation loss; a step folder with no Orbax record
+                                 "did not provide metrics", "Metadata file does not exist"))
 
 logging.getLogger("absl").addFilter(_QuietReadOnly())
 
+# %% ../nbs/06_checkpoint.ipynb #3429f690
 def saved_state(model: nnx.Module) -> nnx.State:
     "What a checkpoint holds of `model`: all its parameters, or only the adapters of a LoRA model."
     return (nnx.state(model, nnx.LoRAParam) if getattr(model, "cfg", None) is not None and model.cfg.lora_rank
             else nnx.state(model))
 
+def _manager_options(keep: int, read_only: bool) -> ocp.CheckpointManagerOptions:
+    "Step names, and retention: the latest `keep` steps and the one with the lowest validation loss."
+    policy = pp.AnyPreservationPolicy([
+        pp.LatestN(n=keep),
+        pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1, keep_checkpoints_without_metrics=False)])
+    return ocp.CheckpointManagerOptions(
+        step_name_format=ocp.step.standard_name_format(step_prefix=STEP_PREFIX),
+        preservation_policy=policy, create=not read_only, read_only=read_only,
+        # only so that Orbax writes each step's metrics, which BestN reads back after a reload
+        best_fn=lambda m: m["val_loss"], best_mode="min")
+
+# %% ../nbs/06_checkpoint.ipynb #f856f84e
 class Checkpointer:
     "Orbax checkpoints of a run in `directory`/checkpoint_step_N; callable as `fit`'s `checkpoint`."
     def __init__(self, directory: str | Path, meta: dict | None = None, keep: int = 2, read_only: bool = False):
         self.directory, self.meta = Path(directory).absolute(), meta or {}
-        policy = pp.AnyPreservationPolicy([
-            pp.LatestN(n=keep),
-            pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1, keep_checkpoints_without_metrics=False)])
-        options = ocp.CheckpointManagerOptions(
-            step_name_format=ocp.step.standard_name_format(step_prefix=STEP_PREFIX),
-            preservation_policy=policy, create=not read_only, read_only=read_only)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = ocp.CheckpointManager(self.directory, options=_manager_options(keep, read_only))
         self.pending: int | None = None  # the step whose save is in flight
         self.copies: list = []  # `Mirror`s (06a_copies) to tell of each save: they copy the step once it is committed
 
@@ -332,6 +341,7 @@ def restore_weights(path: str | Path, model: Transformer) -> dict:
     nnx.update(model, restored)
     return {"path": str(root), "step": step}
 
+# %% ../nbs/06_checkpoint.ipynb #5e06bce1
 @dataclasses.dataclass
 class LoadedRun:
     "A trained model read back from a run folder, with where it came from."

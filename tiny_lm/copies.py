@@ -53,6 +53,7 @@ def redact(text: str, secrets=()) -> str:
         text = pattern.sub(replacement, text)
     return text
 
+# %% ../nbs/06a_copies.ipynb #9b2d3705
 @dataclass
 class Destination:
     ("Where copies of a run go: a local folder, or a bucket URL (`s3://B/P`, `gs://B/P`, `az://B/P`) "
@@ -205,26 +206,9 @@ def manifest(folder: Path) -> dict:
     return {p.relative_to(folder).as_posix(): p.stat().st_size
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE}
 
-class Mirror:
-    ("Copies of a run folder's committed checkpoints and JSON files at `dest`, "
-     "made in the background with the run's retention.")
-    def __init__(self, run_dir: str | Path, dest: Destination, run_id: str, say=print, delays=RETRY_DELAYS,
-                 wait_for_commit: float = 3600,
-                 # keep: the run's --keep-checkpoints, also kept among the copies (None: only what the run folder holds)
-                 keep: int | None = None):
-        self.run_dir, self.dest, self.run_id, self.say, self.delays, self.keep = (
-            Path(run_dir), dest, run_id, say, tuple(delays), keep)
-        self.fs, self.root = dest.filesystem()
-        self.stage = self.run_dir / ".copies" / uuid.uuid4().hex[:8]  # hard-linked snapshots waiting to be copied
-        self.jobs: queue.Queue = queue.Queue()
-        self.copied: list[str] = []  # folders copied, in order
-        self.down = False  # a copy failed after every retry: try the next ones once each
-        self.failed: dict[str, str] = {}  # what could not be copied -> why (secrets removed)
-        # settled: no save is in flight
-        self.settled, self.wait_for_commit, self.watchers = threading.Event(), wait_for_commit, []
-        self.thread = threading.Thread(target=self._work, name=f"copies to {dest.url}", daemon=True)
-        self.thread.start()
-
+# %% ../nbs/06a_copies.ipynb #4a98a46f
+class _Watcher:
+    "The watcher of a `Mirror`: a snapshot of each step once Orbax has committed it."
     def submit(self, name: str) -> None:
         "Copy `run_dir/name` once it exists (a step folder appears when Orbax commits it); returns at once."
         w = threading.Thread(target=self._snapshot, args=(name,), daemon=True)
@@ -247,52 +231,9 @@ class Mirror:
             return
         self.jobs.put((name, snap))
 
-    def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            name, snap = job
-            try:
-                step = step_of(name)
-                if step is not None and not self.jobs.empty() and (self.down or not (self.run_dir / name).exists()):
-                    # a newer copy is waiting, and this step is pruned from the run already
-                    # (or the destination is down): skip it
-                    continue
-                if self._retry(lambda: self._copy(name, snap), name):
-                    self.copied.append(name)
-                    self.failed = {k: v for k, v in self.failed.items()
-                                   if step_of(k) is None or step is None or step_of(k) > step}
-                    self.copy_run_files()
-                    if step is not None:
-                        self._retry(lambda: self._prune(name), "the pruning of old copies")
-            finally:
-                shutil.rmtree(snap, ignore_errors=True)
-        if self.copied:  # the run's saves have all ended: prune once more, after Orbax's own last pruning
-            self._retry(lambda: self._prune(None), "the pruning of old copies")
-
-    def _retry(self, fn, what: str) -> bool:
-        ("Call `fn`, retrying with back-off; once a copy has failed for good, "
-         "the next ones try once each until one succeeds.")
-        for attempt, delay in enumerate((*(() if self.down else self.delays), None), 1):
-            try:
-                fn()
-                self.failed.pop(what, None)
-                self.down = False
-                return True
-            except Exception as e:
-                reason = self.dest.say_error(e)
-                if delay is None:
-                    self.failed[what] = reason
-                    if not self.down:
-                        self.say(f"warning: could not copy {what} to {self.dest.url} after {attempt} attempts "
-                                 f"({reason}); training goes on, and each new checkpoint's copy tries again")
-                    self.down = True
-                    return False
-                if attempt == 1:
-                    self.say(f"warning: copying {what} to {self.dest.url} failed ({reason}); retrying with back-off")
-                if self.settled.is_set() and delay > 4:
-                    delay = 4  # the run is ending: do not hold it up for long
-                time.sleep(delay)
-        return False
-
+# %% ../nbs/06a_copies.ipynb #ff962ca9
+class _StepCopies:
+    "Writing and deleting one step's copy at the destination, completion marker last."
     def _remove(self, path: str) -> None:
         "Delete a copied folder, its completion marker first (so a half-deleted copy never looks complete)."
         if self.fs.exists(f"{path}/{COMPLETE}"):
@@ -324,6 +265,9 @@ class Mirror:
         self.fs.put([str(snap / rel) for rel in files], [f"{target}/{rel}" for rel in files])
         self.fs.pipe_file(f"{target}/{COMPLETE}", json.dumps(record).encode())
 
+# %% ../nbs/06a_copies.ipynb #8a054178
+class _RunFiles:
+    "The run's JSON files, copied beside the steps."
     def copy_run_files(self) -> bool:
         ("Copy the run's JSON files now (with retries), as after the training summary is written; "
          "True if they were copied.")
@@ -340,6 +284,9 @@ class Mirror:
             else:  # one object upload is atomic
                 self.fs.pipe_file(f"{self.root}/{name}", data)
 
+# %% ../nbs/06a_copies.ipynb #f275f7b4
+class _Retention:
+    "Pruning the copies to what the run folder keeps."
     def _prune(self, just_copied: str | None) -> None:
         ("Delete copied steps the run folder no longer holds (Orbax pruned them), "
          "except the one just copied and the newest `keep` copies.")
@@ -352,6 +299,79 @@ class Mirror:
         for name in copies:
             if name not in held:
                 self._remove(f"{self.root}/{name}")
+
+# %% ../nbs/06a_copies.ipynb #11fe8e02
+class _Retrying:
+    "Retries with back-off, and what a `Mirror` does once a destination stays down."
+    def _retry(self, fn, what: str) -> bool:
+        ("Call `fn`, retrying with back-off; once a copy has failed for good, "
+         "the next ones try once each until one succeeds.")
+        for attempt, delay in enumerate((*(() if self.down else self.delays), None), 1):
+            try:
+                fn()
+                self.failed.pop(what, None)
+                self.down = False
+                return True
+            except Exception as e:
+                reason = self.dest.say_error(e)
+                if delay is None:
+                    self.failed[what] = reason
+                    if not self.down:
+                        self.say(f"warning: could not copy {what} to {self.dest.url} after {attempt} attempts "
+                                 f"({reason}); training goes on, and each new checkpoint's copy tries again")
+                    self.down = True
+                    return False
+                if attempt == 1:
+                    self.say(f"warning: copying {what} to {self.dest.url} failed ({reason}); retrying with back-off")
+                if self.settled.is_set() and delay > 4:
+                    delay = 4  # the run is ending: do not hold it up for long
+                time.sleep(delay)
+        return False
+
+# %% ../nbs/06a_copies.ipynb #23c61a71
+class _Copier:
+    "The copier thread of a `Mirror`: one snapshot at a time, then the run files and pruning."
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            name, snap = job
+            try:
+                step = step_of(name)
+                if step is not None and not self.jobs.empty() and (self.down or not (self.run_dir / name).exists()):
+                    # a newer copy is waiting, and this step is pruned from the run already
+                    # (or the destination is down): skip it
+                    continue
+                if self._retry(lambda: self._copy(name, snap), name):
+                    self.copied.append(name)
+                    self.failed = {k: v for k, v in self.failed.items()
+                                   if step_of(k) is None or step is None or step_of(k) > step}
+                    self.copy_run_files()
+                    if step is not None:
+                        self._retry(lambda: self._prune(name), "the pruning of old copies")
+            finally:
+                shutil.rmtree(snap, ignore_errors=True)
+        if self.copied:  # the run's saves have all ended: prune once more, after Orbax's own last pruning
+            self._retry(lambda: self._prune(None), "the pruning of old copies")
+
+# %% ../nbs/06a_copies.ipynb #10d9d712
+class Mirror(_Watcher, _Copier, _Retrying, _StepCopies, _RunFiles, _Retention):
+    ("Copies of a run folder's committed checkpoints and JSON files at `dest`, "
+     "made in the background with the run's retention.")
+    def __init__(self, run_dir: str | Path, dest: Destination, run_id: str, say=print, delays=RETRY_DELAYS,
+                 wait_for_commit: float = 3600,
+                 # keep: the run's --keep-checkpoints, also kept among the copies (None: only what the run folder holds)
+                 keep: int | None = None):
+        self.run_dir, self.dest, self.run_id, self.say, self.delays, self.keep = (
+            Path(run_dir), dest, run_id, say, tuple(delays), keep)
+        self.fs, self.root = dest.filesystem()
+        self.stage = self.run_dir / ".copies" / uuid.uuid4().hex[:8]  # hard-linked snapshots waiting to be copied
+        self.jobs: queue.Queue = queue.Queue()
+        self.copied: list[str] = []  # folders copied, in order
+        self.down = False  # a copy failed after every retry: try the next ones once each
+        self.failed: dict[str, str] = {}  # what could not be copied -> why (secrets removed)
+        # settled: no save is in flight
+        self.settled, self.wait_for_commit, self.watchers = threading.Event(), wait_for_commit, []
+        self.thread = threading.Thread(target=self._work, name=f"copies to {dest.url}", daemon=True)
+        self.thread.start()
 
     def close(self, timeout: float | None = None) -> dict:
         ("Once every save has ended (committed or failed): wait for the copies (at most `timeout` seconds), "
@@ -393,6 +413,7 @@ def _download_step(fs: fsspec.AbstractFileSystem, root: str, name: str, local: P
         raise OSError("the downloaded files differ from the copy's record")
     return files
 
+# %% ../nbs/06a_copies.ipynb #27b4ce8d
 def fetch_run(dest: Destination, into: str | Path | None = None, say=print) -> Path:
     ("Download the newest complete step of a copied run (or the `checkpoint_step_N` its URL names), "
      "with its JSON files, into a local run folder.")

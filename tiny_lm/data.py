@@ -172,6 +172,7 @@ def _rows_document(path: Path, start, column=None):
         text = _decode(path.read_bytes(), path, 0)
         yield ({"text": text} if column is None else text), 1
 
+# %% ../nbs/03_data.ipynb #7f37181d
 def _rows_jsonl(path: Path, start, column=None):
     with _open_binary(path) as f:
         f.seek(start)
@@ -218,6 +219,7 @@ def _rows_csv(path: Path, start, column=None):
             row = dict(zip(header, record))
             yield (row if column is None else row.get(column)), after[0]
 
+# %% ../nbs/03_data.ipynb #4492b81c
 def _rows_parquet(path: Path, start, column=None):
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(path)
@@ -268,7 +270,38 @@ def _hub_rows(stream, start, column):
         yield (row if column is None else row.get(column)), stream.state_dict  # called only at a chunk's end
 
 # %% ../nbs/03_data.ipynb #365ed9e2
-class TextSource:
+def _resolved(pos: dict) -> dict:
+    "A position with a hub stream's state_dict taken now (JSON-ready)."
+    return {**pos, "pos": pos["pos"]()} if callable(pos["pos"]) else pos
+
+def _choose_validation(cfg: DataConfig, splits: dict) -> tuple[str | None, float | None]:
+    "The validation split's name, or the fraction of training documents to hold out."
+    frac = _as_fraction(cfg.val_split)
+    if frac is not None:
+        return None, frac
+    if cfg.val_split == "auto":
+        return ("validation", None) if "validation" in splits else (None, AUTO_VAL_FRACTION)
+    if cfg.val_split not in splits:
+        raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.val_split!r} (it has {', '.join(splits)}): "
+                          "pass --val-split with one of those, or a fraction like 0.05")
+    return cfg.val_split, None
+
+# %% ../nbs/03_data.ipynb #1a2b305e
+class _SplitRows:
+    "The rows of one split of a `TextSource`, with the validation rule applied."
+    def _walk(self, which: str, start: dict):
+        "(text or None, shard, position, next row index) for every row of one epoch from `start`."
+        shards = self.splits[self.val_name if which == "val" and self.val_name else self.cfg.split]
+        row = start["row"]
+        for s in range(start["shard"], len(shards)):
+            for value, pos in shards[s].rows(start["pos"] if s == start["shard"] else None, self.cfg.text_column):
+                keep = isinstance(value, str) and value.strip() and (
+                    self.val_fraction is None or _held_out(str(row), self.val_fraction) == (which == "val"))
+                row += 1
+                yield (value if keep else None), s, pos, row
+
+# %% ../nbs/03_data.ipynb #be5f8ea9
+class TextSource(_SplitRows):
     "A resolved dataset: the shards of its train and validation splits, and how to read documents from them."
     def __init__(self, cfg: DataConfig, splits: dict[str, list[Shard]], separator: str, fingerprint: dict,
                  size_bytes: int | None):
@@ -280,17 +313,6 @@ class TextSource:
     def streams_by_default(self) -> bool:
         "Whether this source streams when `DataConfig.streaming` is None: hub datasets and big local ones."
         return self.size_bytes is None or self.size_bytes > STREAM_ABOVE_BYTES
-
-    def _walk(self, which: str, start: dict):
-        "(text or None, shard, position, next row index) for every row of one epoch from `start`."
-        shards = self.splits[self.val_name if which == "val" and self.val_name else self.cfg.split]
-        row = start["row"]
-        for s in range(start["shard"], len(shards)):
-            for value, pos in shards[s].rows(start["pos"] if s == start["shard"] else None, self.cfg.text_column):
-                keep = isinstance(value, str) and value.strip() and (
-                    self.val_fraction is None or _held_out(str(row), self.val_fraction) == (which == "val"))
-                row += 1
-                yield (value if keep else None), s, pos, row
 
     def chunks(self, which: str, start: dict | None = None, docs_per_chunk: int = 64,
                process_index: int = 0, process_count: int = 1,
@@ -328,22 +350,6 @@ class TextSource:
         val = self.val_name or f"{self.val_fraction:.0%} of {self.cfg.split!r} held out"
         return f"TextSource({self.cfg.dataset_id!r}, train={self.cfg.split!r}, val={val})"
 
-def _resolved(pos: dict) -> dict:
-    "A position with a hub stream's state_dict taken now (JSON-ready)."
-    return {**pos, "pos": pos["pos"]()} if callable(pos["pos"]) else pos
-
-def _choose_validation(cfg: DataConfig, splits: dict) -> tuple[str | None, float | None]:
-    "The validation split's name, or the fraction of training documents to hold out."
-    frac = _as_fraction(cfg.val_split)
-    if frac is not None:
-        return None, frac
-    if cfg.val_split == "auto":
-        return ("validation", None) if "validation" in splits else (None, AUTO_VAL_FRACTION)
-    if cfg.val_split not in splits:
-        raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.val_split!r} (it has {', '.join(splits)}): "
-                          "pass --val-split with one of those, or a fraction like 0.05")
-    return cfg.val_split, None
-
 # %% ../nbs/03_data.ipynb #dba16c85
 def _local_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.rglob("*") if file_format(p) and p.is_file()) if path.is_dir() else [path]
@@ -377,6 +383,7 @@ def _open_local(cfg: DataConfig):
     size = sum(_gzip_size(f) if f.name.lower().endswith(".gz") else f.stat().st_size for f in files)
     return {"train": [Shard(fmt, str(f)) for f in files]}, ("\n\n" if fmt == "text" else EOT), fingerprint, size
 
+# %% ../nbs/03_data.ipynb #dccbcacd
 def _open_builtin(cfg: DataConfig):
     root = Path(sysconfig.get_paths()["stdlib"])
     files = builtin_corpus_files()
@@ -386,6 +393,7 @@ def _open_builtin(cfg: DataConfig):
     fingerprint = {"python": sys.version.split()[0], "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
     return {"train": train, "validation": val}, EOT, fingerprint, fingerprint["bytes"]
 
+# %% ../nbs/03_data.ipynb #ac02058a
 def _hub_answers(timeout: float = 5.0) -> bool:
     ("Whether the hub's host takes a connection within `timeout` seconds (through a proxy: assumed), "
      "so that no network fails fast.")
@@ -532,23 +540,8 @@ class Batches:
         return self.tokens[starts[:, None] + np.arange(self.seq_len + 1)].astype(np.int32)
 
 # %% ../nbs/03_data.ipynb #4201733f
-class StreamingBatches:
-    ("Shuffled `[B, seq_len + 1]` batches packed from a document stream; "
-     "`state()` after any batch resumes exactly there.")
-    def __init__(self, source: TextSource, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
-                 stride: int | None = None, buffer_size: int = 1000, num_workers: int = 2,
-                 process_index: int = 0, process_count: int = 1, state: dict | None = None):
-        self.source, self.tokenizer, self.num_workers = source, tokenizer, num_workers
-        self.spec = dict(seq_len=seq_len, stride=stride or seq_len, batch_size=batch_size, buffer_size=buffer_size,
-                         seed=seed, process_index=process_index, process_count=process_count)
-        self.batch_size, self.window, self.stride, self.buffer_size = (
-            batch_size, seq_len + 1, stride or seq_len, buffer_size)
-        self._position, self._rest, self._buffer, self.batches_done = dict(START), np.zeros(0, np.uint32), [], 0
-        self._rng = np.random.Generator(np.random.PCG64([seed, process_index]))
-        self._pool, self._iter = None, None
-        if state is not None:
-            self.load_state(state)
-
+class _Packer:
+    "The packer of `StreamingBatches`: chunks of documents in, windows of `seq_len + 1` tokens out."
     def _windows(self) -> Iterator[np.ndarray]:
         "Packed windows; `_position` and `_rest` always describe the stream just after the last one."
         self._pool = TokenizerPool(self.tokenizer, self.source.separator, self.num_workers)
@@ -563,6 +556,9 @@ class StreamingBatches:
                 start += self.stride
             self._rest = rest[start:]
 
+# %% ../nbs/03_data.ipynb #799f0b55
+class _ShuffleBuffer:
+    "The shuffle buffer of `StreamingBatches`: each batch row is a random draw from `buffer_size` windows."
     def _batches(self) -> Iterator[np.ndarray]:
         windows = self._windows()
         while True:
@@ -575,18 +571,9 @@ class StreamingBatches:
             self.batches_done += 1
             yield batch_BT
 
-    def __iter__(self): return self
-
-    def __next__(self) -> np.ndarray:
-        if self._iter is None:
-            self._iter = self._batches()
-        return next(self._iter)
-
-    def close(self) -> None:
-        "Stop the tokenizer workers."
-        if self._pool is not None:
-            self._pool.close()
-
+# %% ../nbs/03_data.ipynb #a5d73465
+class _StreamState:
+    "Saving and restoring the state of `StreamingBatches` after any batch."
     def snapshot(self) -> Callable[[], dict]:
         "A cheap, frozen view of the state after the last batch; call it to get `state()`."
         position, rest, buffer = dict(self._position), self._rest, list(self._buffer)
@@ -613,6 +600,36 @@ class StreamingBatches:
         self._position, self.batches_done = dict(state["position"]), int(state["batches"])
         self._rest, self._buffer = np.asarray(state["rest"]), list(np.asarray(state["buffer"]))
         self._rng.bit_generator.state = state["rng"]
+
+# %% ../nbs/03_data.ipynb #df42229e
+class StreamingBatches(_Packer, _ShuffleBuffer, _StreamState):
+    ("Shuffled `[B, seq_len + 1]` batches packed from a document stream; "
+     "`state()` after any batch resumes exactly there.")
+    def __init__(self, source: TextSource, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
+                 stride: int | None = None, buffer_size: int = 1000, num_workers: int = 2,
+                 process_index: int = 0, process_count: int = 1, state: dict | None = None):
+        self.source, self.tokenizer, self.num_workers = source, tokenizer, num_workers
+        self.spec = dict(seq_len=seq_len, stride=stride or seq_len, batch_size=batch_size, buffer_size=buffer_size,
+                         seed=seed, process_index=process_index, process_count=process_count)
+        self.batch_size, self.window, self.stride, self.buffer_size = (
+            batch_size, seq_len + 1, stride or seq_len, buffer_size)
+        self._position, self._rest, self._buffer, self.batches_done = dict(START), np.zeros(0, np.uint32), [], 0
+        self._rng = np.random.Generator(np.random.PCG64([seed, process_index]))
+        self._pool, self._iter = None, None
+        if state is not None:
+            self.load_state(state)
+
+    def __iter__(self): return self
+
+    def __next__(self) -> np.ndarray:
+        if self._iter is None:
+            self._iter = self._batches()
+        return next(self._iter)
+
+    def close(self) -> None:
+        "Stop the tokenizer workers."
+        if self._pool is not None:
+            self._pool.close()
 
 # %% ../nbs/03_data.ipynb #c11491d1
 def eval_windows(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int) -> list[np.ndarray]:
@@ -664,6 +681,7 @@ class Prefetcher:
         self._stop.set()
         self._thread.join(timeout=10)
 
+# %% ../nbs/03_data.ipynb #d2f3c2c2
 def step_batches(batches, start_step: int = 0, accum_steps: int = 1, depth: int = 4) -> Prefetcher:
     "(batch, data state or None) for every optimizer step from `start_step`, made on a background thread."
     if isinstance(batches, StreamingBatches):
