@@ -23,11 +23,7 @@ __all__ = ['ATTENTION_KERNELS', 'PRECISIONS', 'ModelConfig', 'cpu_matmul', 'Line
            'causal_attention', 'Attention', 'MLP', 'Block', 'Transformer', 'count_params', 'default_precision',
            'add_lora', 'merge_lora']
 
-# %% ../nbs/01_model.ipynb #33328025
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-_ACTIVATIONS = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "silu": jax.nn.silu}
-ATTENTION_KERNELS = ("auto", "xla", "cudnn", "splash")
-
+# %% ../nbs/01_model.ipynb #d9d47904
 @dataclass(frozen=True)
 class ModelConfig:
     "The architecture: sizes and the switches between the modern parts and their GPT-2 ancestors."
@@ -51,35 +47,13 @@ class ModelConfig:
     lora_rank: int = 0  # r: rank of the LoRA adapters on every projection (0: no adapters)
     lora_alpha: float | None = None  # adapters are scaled by alpha / r (None: alpha = r, a scale of 1)
 
-    def _check_choices(self) -> None:
-        "The fields that name one of a few choices: activation, attention kernel, dtypes."
-        for flag, value, choices in [("--activation", self.activation, _ACTIVATIONS), ("attention", self.attention,
-                                     ATTENTION_KERNELS), ("dtype", self.dtype, _DTYPES),
-                                     ("param_dtype", self.param_dtype, _DTYPES)]:
-            if value not in choices:
-                raise TinyLMError(f"{flag} {value!r} is unknown: choose one of {', '.join(choices)}")
-
     def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "d_model", "n_layer", "n_head"):
-            if getattr(self, name) < 1:
-                raise TinyLMError(f"model {name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.n_head:
-            raise TinyLMError(f"--d-model {self.d_model} is not divisible by --num-heads {self.n_head}: "
-                              "pick a width that is a multiple of the head count")
-        self._check_choices()
-        if not 0 <= self.dropout_rate < 1:
-            raise TinyLMError(f"--dropout-rate must be in [0, 1), got {self.dropout_rate}: "
-                              "0 disables dropout, 0.1 is usual for small data")
-        if not 0 <= self.lora_rank <= self.d_model:
-            raise TinyLMError(f"--lora-rank must be between 1 and the model width {self.d_model} (0: no adapters), "
-                              f"got {self.lora_rank}: 8 or 16 is usual")
-        if self.lora_alpha is not None and self.lora_alpha <= 0:
-            raise TinyLMError(f"--lora-alpha must be positive, got {self.lora_alpha}")
+        _check_sizes(self)
+        _check_choices(self)
+        _check_regularizers(self)
         if self.n_kv_head is None:  # resolve the default so the saved config names the real count
             object.__setattr__(self, "n_kv_head", self.n_head)
-        if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
-            raise TinyLMError(f"--num-kv-heads {self.n_kv_head} does not divide --num-heads {self.n_head}: "
-                              f"use a divisor of {self.n_head} (1 is multi-query attention)")
+        _check_kv_heads(self)
         if self.d_ff is None:  # resolve the default so the saved config names the real width
             d_ff = 64 * math.ceil(8 * self.d_model / 3 / 64) if self.use_swiglu else 4 * self.d_model
             object.__setattr__(self, "d_ff", d_ff)
@@ -103,6 +77,45 @@ class ModelConfig:
         "Rebuild from `to_dict`, ignoring keys this version does not know."
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+# %% ../nbs/01_model.ipynb #3c06bdba
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_ACTIVATIONS = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "silu": jax.nn.silu}
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "splash")
+
+def _check_sizes(cfg: ModelConfig) -> None:
+    "Positive sizes, and a width the heads divide."
+    for name in ("vocab_size", "seq_len", "d_model", "n_layer", "n_head"):
+        if getattr(cfg, name) < 1:
+            raise TinyLMError(f"model {name} must be positive, got {getattr(cfg, name)}")
+    if cfg.d_model % cfg.n_head:
+        raise TinyLMError(f"--d-model {cfg.d_model} is not divisible by --num-heads {cfg.n_head}: "
+                          "pick a width that is a multiple of the head count")
+
+def _check_choices(cfg: ModelConfig) -> None:
+    "The fields that name one of a few choices: activation, attention kernel, dtypes."
+    for flag, value, choices in [("--activation", cfg.activation, _ACTIVATIONS), ("attention", cfg.attention,
+                                 ATTENTION_KERNELS), ("dtype", cfg.dtype, _DTYPES),
+                                 ("param_dtype", cfg.param_dtype, _DTYPES)]:
+        if value not in choices:
+            raise TinyLMError(f"{flag} {value!r} is unknown: choose one of {', '.join(choices)}")
+
+def _check_regularizers(cfg: ModelConfig) -> None:
+    "Dropout rate and LoRA adapters."
+    if not 0 <= cfg.dropout_rate < 1:
+        raise TinyLMError(f"--dropout-rate must be in [0, 1), got {cfg.dropout_rate}: "
+                          "0 disables dropout, 0.1 is usual for small data")
+    if not 0 <= cfg.lora_rank <= cfg.d_model:
+        raise TinyLMError(f"--lora-rank must be between 1 and the model width {cfg.d_model} (0: no adapters), "
+                          f"got {cfg.lora_rank}: 8 or 16 is usual")
+    if cfg.lora_alpha is not None and cfg.lora_alpha <= 0:
+        raise TinyLMError(f"--lora-alpha must be positive, got {cfg.lora_alpha}")
+
+def _check_kv_heads(cfg: ModelConfig) -> None:
+    "Key/value heads that divide the query heads."
+    if cfg.n_kv_head < 1 or cfg.n_head % cfg.n_kv_head:
+        raise TinyLMError(f"--num-kv-heads {cfg.n_kv_head} does not divide --num-heads {cfg.n_head}: "
+                          f"use a divisor of {cfg.n_head} (1 is multi-query attention)")
 
 # %% ../nbs/01_model.ipynb #f2c25a85
 def _init(std: float = 0.02):

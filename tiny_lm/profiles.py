@@ -157,7 +157,7 @@ def steps_per_call_dividing(k: int, intervals: Sequence[int | None]) -> int:
      "--max-steps; None: not given), so that each still lands on its own steps.")
     return max(c for c in STEPS_PER_CALL if c <= k and all(n is None or n % c == 0 for n in intervals))
 
-# %% ../nbs/04a_profiles.ipynb #90a73e93
+# %% ../nbs/04a_profiles.ipynb #bbf23b73
 # --save-every-minutes: a Colab accelerator may disconnect at any time
 SAVE_MINUTES = {"cpu": 10.0, "gpu": 5.0, "tpu": 5.0}
 
@@ -215,6 +215,7 @@ class Plan:
                 f"{self.attention} attention, a save every {self.save_every_minutes:g} min"
                 + (f" (overridden by {', '.join(self.overridden)})" if self.overridden else ""))
 
+# %% ../nbs/04a_profiles.ipynb #fba223b1
 def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig | None) -> Plan:
     "The CPU profile: the defaults, a few minutes of training on a laptop, ten steps per call."
     cfg, train = model or preset_config("tiny", 4096), TrainConfig()

@@ -48,7 +48,7 @@ class TrainConfig:
     learning_rate: float = 3e-3  # peak learning rate, reached after warmup
     min_lr_ratio: float = 0.1  # the cosine decays to learning_rate × min_lr_ratio
     warmup_steps: int = 50  # linear warmup from 0
-    weight_decay: float = 0.1  # AdamW decoupled decay, on weight matrices and embeddings only
+    weight_decay: float = 0.1  # AdamW decoupled decay on projection matrices, not embeddings or norms (`decay_mask`)
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.95  # AdamW second-moment decay
     grad_clip: float = 1.0  # clip gradients to this global norm (0 disables)
@@ -67,23 +67,7 @@ class TrainConfig:
     steps_per_call: int = 1
 
     def __post_init__(self):
-        if self.max_steps is None and self.epochs is None:
-            raise TinyLMError("give --max-steps or --epochs: a run needs an end")
-        for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every",
-                     "save_every", "max_skipped_steps", "keep_checkpoints", "steps_per_call"):
-            if getattr(self, name) < 1:
-                raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1 or self.epochs is not None and self.epochs <= 0:
-            raise TinyLMError(f"--max-steps must be at least 1 and --epochs more than 0 "
-                              f"(got {self.max_steps} and {self.epochs})")
-        for name in ("warmup_steps", "weight_decay", "grad_clip", "seed"):
-            if getattr(self, name) < 0:
-                raise TinyLMError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")
-        if self.save_every_minutes < 0:
-            raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), "
-                              f"got {self.save_every_minutes}")
-        if self.learning_rate <= 0:
-            raise TinyLMError(f"--learning-rate must be positive, got {self.learning_rate}")
+        _check_train_config(self)
 
     @property
     def sequences_per_step(self) -> int:
@@ -104,6 +88,27 @@ class TrainConfig:
         "Rebuild from `to_dict`, ignoring unknown keys."
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+# %% ../nbs/04_train.ipynb #4542c8dc
+def _check_train_config(cfg: TrainConfig) -> None:
+    "Every setting in range, with the flag to change and what it must be."
+    if cfg.max_steps is None and cfg.epochs is None:
+        raise TinyLMError("give --max-steps or --epochs: a run needs an end")
+    for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every",
+                 "save_every", "max_skipped_steps", "keep_checkpoints", "steps_per_call"):
+        if getattr(cfg, name) < 1:
+            raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.max_steps is not None and cfg.max_steps < 1 or cfg.epochs is not None and cfg.epochs <= 0:
+        raise TinyLMError(f"--max-steps must be at least 1 and --epochs more than 0 "
+                          f"(got {cfg.max_steps} and {cfg.epochs})")
+    for name in ("warmup_steps", "weight_decay", "grad_clip", "seed"):
+        if getattr(cfg, name) < 0:
+            raise TinyLMError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(cfg, name)}")
+    if cfg.save_every_minutes < 0:
+        raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), "
+                          f"got {cfg.save_every_minutes}")
+    if cfg.learning_rate <= 0:
+        raise TinyLMError(f"--learning-rate must be positive, got {cfg.learning_rate}")
 
 # %% ../nbs/04_train.ipynb #849dccab
 def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
@@ -191,7 +196,7 @@ def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: ja
                             (x_NBCD, y_NBC, w_NBC))
     return total / (B * T)
 
-# %% ../nbs/04_train.ipynb #44f576fc
+# %% ../nbs/04_train.ipynb #747c79a7
 def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param,
            dropout_key: jax.Array | None = None):
     "Mean loss and gradients (of the `wrt` parameters) over `accum_steps` micro-batches of `batch_BT`."
@@ -208,6 +213,7 @@ def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Pa
     (loss, grads), _ = jax.lax.scan(body, zeros, (micro_ABT, jnp.arange(accum_steps)))
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
+# %% ../nbs/04_train.ipynb #b503ffe8
 def _replicated_mesh(state) -> Mesh | None:
     ("The mesh of several devices that holds every array of `state` whole on each device "
      "(None: one device, or a sharded array).")
@@ -231,6 +237,7 @@ def _data_parallel_grads(mesh: Mesh, model: Transformer, batch_BT: jax.Array, ac
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axes)), out_specs=P(),
                          check_vma=False)(params, rest, batch_BT)
 
+# %% ../nbs/04_train.ipynb #80d426cd
 @cache
 def _cpu_options() -> tuple[tuple[str, str], ...]:
     if jax.default_backend() != "cpu":
@@ -247,6 +254,7 @@ def compiler_options() -> dict:
      "rewrite off (7–10 % and 8–11 % faster steps measured); none elsewhere.")
     return dict(_cpu_options())
 
+# %% ../nbs/04_train.ipynb #c5747410
 def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0,
                     steps_per_call: int = 1, platform: str | None = None):
     ("A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the "
@@ -449,7 +457,7 @@ class TrainLog:
         first, last = self._steady()
         return (last["outside"] - first["outside"]) / (last["clock"] - first["clock"])
 
-# %% ../nbs/04_train.ipynb #1e011622
+# %% ../nbs/04_train.ipynb #d816e4f6
 def _write_jsonl(path: Path | None, record: dict) -> None:
     if path is not None:
         with path.open("a") as f:
@@ -480,6 +488,7 @@ def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped
                           "lower --learning-rate or raise --warmup-steps (and check the data), "
                           "then continue with --resume-from")
 
+# %% ../nbs/04_train.ipynb #a519d4e2
 def loss_figure(train: dict[int, float], val: dict[int, float]):
     "A matplotlib `Figure` of train and validation loss (`{step: loss}`) against steps."
     from matplotlib.figure import Figure  # no pyplot: works headless and inside notebooks alike
@@ -505,6 +514,7 @@ def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
     loss_figure(train, val).savefig(out, dpi=100)
     return out
 
+# %% ../nbs/04_train.ipynb #1c6b41f6
 def in_notebook() -> bool:
     "Whether this code runs in a Jupyter or Colab kernel (not a terminal, not a test runner)."
     try:
@@ -574,7 +584,7 @@ def _on_any_process(*values: int) -> list[int]:
     from jax.experimental import multihost_utils
     return [int(v) for v in np.max(multihost_utils.process_allgather(np.array(values, np.int32)), axis=0)]
 
-# %% ../nbs/04_train.ipynb #2c544490
+# %% ../nbs/04_train.ipynb #66b84632
 def _reporting(model: Transformer, start_step: int, peak: float | None, output_dir: Path | str | None,
                total_steps: int, progress: bool, live_plot: bool | None):
     "An empty `TrainLog`, and where the loop reports: metrics.jsonl (None: nowhere), the progress bar, the live plot."
@@ -617,6 +627,7 @@ def _log_step(run: TrainLog, cfg: TrainConfig, before: int, done: int, total_ste
         run.eval_seconds += live.update(run) if live else 0.0  # drawing is not training time
     bar.update(done - before)
 
+# %% ../nbs/04_train.ipynb #2a768c97
 def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches, checkpoint: Callable | None,
          requested: list[int], last_save: float) -> tuple[bool, bool, int]:
     ("What the call that took the run from step `before` to `done` calls for, the same on every process: "
@@ -642,6 +653,7 @@ def _paused(run: TrainLog, metrics: dict, pausing: bool):
     yield
     run.eval_seconds += time.perf_counter() - paused
 
+# %% ../nbs/04_train.ipynb #030e254c
 def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_path: Path | None, say: Callable,
               live: LivePlot | None, on_eval: Callable | None, model: Transformer, optimizer: nnx.Optimizer, state):
     "Record an evaluation (in `run`, metrics.jsonl, loss.png, a printed line, the live plot), then call `on_eval`."
