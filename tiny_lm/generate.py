@@ -283,6 +283,7 @@ def generate_batch(
                     text.end() if token == eot else text.add(token)
     return [prompt + (t.text if t.done else t.end()) for t in texts]
 
+# %% ../nbs/07_generate.ipynb #2456e41b
 def generate(model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 100,
              temperature: float = 0.8, top_k: int = 50, top_p: float = 1.0, seed: int = 0, stop_at_eot: bool = True,
              stop: Sequence[str] = (), use_cache: bool = True, on_text: Callable[[str], None] | None = None) -> str:
