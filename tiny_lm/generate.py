@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache, partial
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +20,14 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tokenizers import Tokenizer
 
-from .model import ModelConfig, Transformer, mesh_of, on_mesh
+from .model import ModelConfig, Transformer, attention_implementation, causal_attention, mesh_of, on_mesh
 from .parallel import batch_sharding, make_mesh
 from .tokenizer import END_OF_TEXT_TOKENS, EOT, TinyLMError, document_separator
 
 # %% auto #0
 __all__ = ['DECODE_CHUNK', 'filter_logits', 'sample_token', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache',
-           'cached_attention', 'forward_cached', 'check_sampling', 'generate_batch', 'generate', 'evaluate_text']
+           'cached_attention', 'forward_cached', 'check_sampling', 'generate_batch', 'generate', 'Playground',
+           'playground', 'evaluate_text']
 
 # %% ../nbs/07_generate.ipynb #6e6f1dd2
 def filter_logits(logits_V: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
@@ -98,9 +101,12 @@ def cached_attention(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, po
     probs_BGJTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGJTS, -jnp.inf), axis=-1).astype(v_BSGK.dtype)
     return jnp.einsum("bgjts,bsgk->btgjk", probs_BGJTS, v_BSGK).reshape(B, T, H, K)
 
-def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], start) -> tuple[jax.Array, list[dict]]:
-    """Logits `[B, T, V]` of tokens at window positions `start … start+T−1`,
-    with their keys and values written into `cache`."""
+# %% ../nbs/07_generate.ipynb #72be83d4
+def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], start,
+                   kernel: str | None = None) -> tuple[jax.Array, list[dict]]:
+    """Logits `[B, T, V]` of tokens at window positions `start … start+T−1`, with their keys and values written
+    into `cache`. `kernel`: a prefill (`start` 0), whose tokens attend to each other alone with that attention
+    kernel, as the model does; None: the tokens attend over the cache slots."""
     B, T = tokens_BT.shape
     positions_T = start + jnp.arange(T)
     x_BTD, rope_TK = model.inputs(tokens_BT, positions_T)
@@ -109,12 +115,14 @@ def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], 
         q_BTHK, k_BTGK, v_BTGK = block.attn.heads(block.attn_norm(x_BTD), rope_TK)
         k_BSGK = jax.lax.dynamic_update_slice(layer["k"], k_BTGK.astype(layer["k"].dtype), (0, start, 0, 0))
         v_BSGK = jax.lax.dynamic_update_slice(layer["v"], v_BTGK.astype(layer["v"].dtype), (0, start, 0, 0))
-        y_BTHK = cached_attention(q_BTHK, k_BSGK, v_BSGK, positions_T)
+        y_BTHK = (cached_attention(q_BTHK, k_BSGK, v_BSGK, positions_T) if kernel is None
+                  else causal_attention(q_BTHK, k_BTGK, v_BTGK, kernel))
         x_BTD = x_BTD + block.attn.out(y_BTHK.reshape(B, T, -1))
         x_BTD = x_BTD + block.mlp(block.mlp_norm(x_BTD))
         new_cache.append({"k": k_BSGK, "v": v_BSGK})
     return model.logits(x_BTD), new_cache
 
+# %% ../nbs/07_generate.ipynb #ef2a8aef
 @lru_cache(maxsize=8)
 def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callable, Callable]:
     """The compiled steps for one model structure (its state laid out on `mesh`, None: one device):
@@ -124,7 +132,8 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
     def prefill(leaves, cache, tokens_BT, last, key, n, temperature, top_p, **mode):
         "Fill the cache with the window so far `[B, T]`; sample each row's token after position `last` (token `n`)."
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        logits_BTV, cache = forward_cached(model, tokens_BT, cache, 0)
+        kernel = attention_implementation(model.cfg, tokens_BT.shape[1])  # splash on a TPU, cuDNN on a GPU
+        logits_BTV, cache = forward_cached(model, tokens_BT, cache, 0, kernel)
         return sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode), cache
 
     def decode(leaves, cache, token_B, position, key, n, steps, temperature, top_p, **mode):
@@ -274,6 +283,7 @@ def generate_batch(
                     text.end() if token == eot else text.add(token)
     return [prompt + (t.text if t.done else t.end()) for t in texts]
 
+# %% ../nbs/07_generate.ipynb #2456e41b
 def generate(model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 100,
              temperature: float = 0.8, top_k: int = 50, top_p: float = 1.0, seed: int = 0, stop_at_eot: bool = True,
              stop: Sequence[str] = (), use_cache: bool = True, on_text: Callable[[str], None] | None = None) -> str:
@@ -281,6 +291,65 @@ def generate(model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new
     (one sample of `generate_batch`; `on_text` gets its pieces)."""
     return generate_batch(model, tokenizer, prompt, 1, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eot,
                           stop, use_cache, on_text and (lambda i, piece: on_text(piece)))[0]
+
+# %% ../nbs/07_generate.ipynb #f29cb81e
+class Playground:
+    "A prompt box, the sampling knobs, a Generate button and the sample's text as it streams (ipywidgets)."
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 200,
+                 temperature: float = 0.8, top_k: int = 50, top_p: float = 1.0, seed: int = 0):
+        import ipywidgets as w  # a notebook library: imported when a playground is made, not with this module
+        self.model, self.tokenizer = model, tokenizer
+        self.prompt = w.Textarea(prompt, placeholder="a prompt (empty: a new document)", layout=w.Layout(width="100%"))
+        self.temperature = w.FloatSlider(temperature, min=0, max=2, step=0.05, description="temperature")
+        self.top_k = w.IntSlider(top_k, min=0, max=min(tokenizer.get_vocab_size(), 200), description="top-k")
+        self.top_p = w.FloatSlider(top_p, min=0.05, max=1, step=0.05, description="top-p")
+        self.max_tokens = w.IntSlider(max_new_tokens, min=1, max=max(8 * model.cfg.seq_len, max_new_tokens),
+                                      description="max tokens")
+        self.seed = w.IntText(seed, description="seed")
+        self.button = w.Button(description="Generate", button_style="primary")
+        self.output = w.Textarea(layout=w.Layout(width="100%", height="14em"))
+        self.status = w.Label()
+        self.button.on_click(self.sample)
+        self.widget = w.VBox([self.prompt, w.HBox([self.temperature, self.top_k, self.top_p]),
+                              w.HBox([self.max_tokens, self.seed, self.button]), self.output, self.status])
+
+    def sample(self, _button=None) -> str:
+        "Generate with the widgets' settings, the text streaming into the output box; returns it."
+        prompt, started = self.prompt.value, time.perf_counter()
+        self.button.disabled, self.output.value = True, prompt
+        def show(piece: str) -> None:
+            self.output.value += piece
+        try:
+            text = generate(self.model, self.tokenizer, prompt, self.max_tokens.value, self.temperature.value,
+                            self.top_k.value, self.top_p.value, self.seed.value, on_text=show)
+            self.status.value = f"{len(text) - len(prompt)} characters in {time.perf_counter() - started:.1f} s"
+        except TinyLMError as e:
+            text, self.status.value = self.output.value, str(e)
+        finally:
+            self.button.disabled = False
+        self.output.value = text
+        return text
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+        display(self.widget)
+
+# %% ../nbs/07_generate.ipynb #7e138d67
+def playground(
+    source: str | Path | Transformer,  # a run folder (its newest readable checkpoint), or a model
+    tokenizer: Tokenizer | None = None,  # the model's tokenizer (a run folder brings its own)
+    prompt: str = "",  # the prompt box's first text
+    max_new_tokens: int = 200,  # the max tokens slider's first value
+    **knobs,  # first values of the other widgets: temperature, top_k, top_p, seed
+) -> Playground:
+    "Widgets to sample from a run or a model: show the result in a notebook (it is the last value of a cell)."
+    if isinstance(source, Transformer):
+        if tokenizer is None:
+            raise TinyLMError("playground(model) needs the model's tokenizer: playground(model, tokenizer)")
+        return Playground(source, tokenizer, prompt, max_new_tokens, **knobs)
+    from tiny_lm.checkpoint import load_checkpoint  # here, not at the top: the checkpoint module imports Orbax
+    model, tokenizer, _ = load_checkpoint(source)
+    return Playground(model, tokenizer, prompt, max_new_tokens, **knobs)
 
 # %% ../nbs/07_generate.ipynb #c1a6d909
 def _scored_stream(documents: Iterable[str], tokenizer: Tokenizer, separator: str, max_tokens: int | None,
