@@ -140,6 +140,8 @@ def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumu
         result["trace"] = {"dir": str(trace), **_traced_steps(model, optimizer, batches, train_cfg, device_mesh, trace)}
     return result
 
+
+# %% ../nbs/08b_bench.ipynb #39e53d35
 def _step_temp_bytes(model, optimizer, batches: Batches, accum: int, mesh) -> int | None:
     "The compiled train step's temporary memory per device, as XLA reports it (None where the backend does not)."
     step, state = make_train_step(model, optimizer, accum)

@@ -450,7 +450,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}: `{self.prog} --help` lists every flag\n")
 
 def build_parser() -> argparse.ArgumentParser:
-    "The `tiny-lm` command line: every command, its flags grouped as the seeds group them, and examples."
+    "The `tiny-lm` command line: every command, its flags grouped by what they configure, and examples."
     parser = _Parser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX: train, "
                      "sample, evaluate in bits per byte, export to transformers, inspect, size and benchmark.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -541,7 +541,7 @@ def eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
 
 # %% ../nbs/08a_run.ipynb #4fb3b7b9
 def summarize(t: Trainer, s: RunState, run) -> dict:
-    "The training summary: the seeds' fields, validation and speed figures, and where everything is."
+    "The training summary: the usual run-summary fields, validation and speed figures, and where everything is."
     evals = run.evals or [{"val_loss": None, "step": None}]
     best = min((e for e in evals if e["val_loss"] is not None), key=lambda e: e["val_loss"], default=evals[-1])
     accum, per_epoch = s.train_cfg.gradient_accumulation_steps, s.data.per_epoch
