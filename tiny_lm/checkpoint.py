@@ -58,7 +58,7 @@ def saved_state(model: nnx.Module) -> nnx.State:
     return (nnx.state(model, nnx.LoRAParam) if getattr(model, "cfg", None) is not None and model.cfg.lora_rank
             else nnx.state(model))
 
-def _manager_options(keep: int, read_only: bool) -> ocp.CheckpointManagerOptions:
+def _manager_options(keep: int, read_only: bool, best: bool = True) -> ocp.CheckpointManagerOptions:
     "Step names, and retention: the latest `keep` steps and the one with the lowest validation loss."
     policy = pp.AnyPreservationPolicy([
         pp.LatestN(n=keep),
@@ -66,15 +66,25 @@ def _manager_options(keep: int, read_only: bool) -> ocp.CheckpointManagerOptions
     return ocp.CheckpointManagerOptions(
         step_name_format=ocp.step.standard_name_format(step_prefix=STEP_PREFIX),
         preservation_policy=policy, create=not read_only, read_only=read_only,
-        # only so that Orbax writes each step's metrics, which BestN reads back after a reload
-        best_fn=lambda m: m["val_loss"], best_mode="min")
+        # only so that Orbax writes each step's metrics, which BestN reads back after a reload; a reader deletes
+        # nothing, and leaves them unread (Orbax reads every step's metrics at start: a damaged step's would stop it)
+        best_fn=None if read_only or not best else lambda m: m["val_loss"], best_mode="min")
+
+class _Manager(ocp.CheckpointManager):
+    "Orbax's manager, reading a damaged step's metrics as none: the step is then reported as damaged when read."
+    def _get_metrics(self, step: int):  # Orbax reads every step's metrics file when it opens a run
+        try:
+            return super()._get_metrics(step)
+        except ValueError:  # not JSON (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+            return None
+
 
 # %% ../nbs/06_checkpoint.ipynb #f856f84e
 class Checkpointer:
     "Orbax checkpoints of a run in `directory`/checkpoint_step_N; callable as `fit`'s `checkpoint`."
     def __init__(self, directory: str | Path, meta: dict | None = None, keep: int = 2, read_only: bool = False):
         self.directory, self.meta = Path(directory).absolute(), meta or {}
-        self.manager = ocp.CheckpointManager(self.directory, options=_manager_options(keep, read_only))
+        self.manager = _Manager(self.directory, options=_manager_options(keep, read_only))
         self.pending: int | None = None  # the step whose save is in flight
         self.copies: list = []  # `Mirror`s (06a_copies) to tell of each save: they copy the step once it is committed
 
