@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ -z "${VIRTUAL_ENV:-}" && -x .venv/bin/python ]]; then
     export PATH="$PWD/.venv/bin:$PATH"  # the repo's own venv, when it is not activated
 fi
-for tool in nbdev_export nbdev_clean nbdev_test ruff python; do
+for tool in nbdev_export nbdev_clean ruff python; do
     command -v "$tool" >/dev/null || { echo "check: '$tool' not found; run: pip install -e \".[dev]\"" >&2; exit 1; }
 done
 
@@ -41,7 +41,8 @@ if ! cmp -s README.md "$readme_before"; then
     echo "check: README.md was out of date with nbs/index.ipynb; run 'python .ci/readme.py' and commit README.md" >&2
     exit 1
 fi
-python .ci/colab_cell_write.py --check  # every notebook's Colab set-up cells are .ci/colab_cell.md and .ci/colab_cell.py
+# every notebook's Colab set-up cells are .ci/colab_cell.md and .ci/colab_cell.py
+python .ci/colab_cell_write.py --check
 echo "ok: nothing to export, clean or regenerate"
 
 header "2/4: ruff on tiny_lm: pyflakes, 120-character lines, function complexity and length (.ci/lint.py)"
@@ -53,7 +54,8 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE
 
 header "4/4: pytest tests (export, ruff and the notebooks passed)"
 status=0
-HF_HUB_OFFLINE=1 python -m pytest -q -n 2 tests || status=$?  # two workers: the tests mostly wait on their own subprocesses
+# two workers: the tests mostly wait on their own subprocesses
+HF_HUB_OFFLINE=1 python -m pytest -q -n 2 tests || status=$?
 if [[ $status -eq 5 ]]; then
     echo "check: pytest collected no tests: tests/ must hold tests" >&2
     exit 1

@@ -15,7 +15,8 @@ pg.output.observe(lambda change: shown.append(change["new"]), names="value")
 pg.temperature.value, pg.top_k.value, pg.top_p.value, pg.seed.value = 1.2, 20, 0.9, 4
 pg.button.click()
 model, tok, _ = load_checkpoint(out)
-assert pg.output.value == generate(model, tok, "KING", 20, temperature=1.2, top_k=20, top_p=0.9, seed=4), pg.output.value
+expected = generate(model, tok, "KING", 20, temperature=1.2, top_k=20, top_p=0.9, seed=4)
+assert pg.output.value == expected, pg.output.value
 assert pg.output.value.startswith("KING") and len(pg.output.value) > 4 and len(shown) > 2, shown
 print("ok", repr(pg.output.value))
 """
