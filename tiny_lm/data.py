@@ -22,7 +22,7 @@ import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +32,10 @@ from .encoding import TokenizerPool, token_dtype, tokenize_documents
 from .tokenizer import EOT, TinyLMError, tokenizer_fingerprint
 
 # %% auto #0
-__all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'DataConfig', 'builtin_corpus_files',
-           'lesson_text', 'file_format', 'source_kind', 'Shard', 'TextSource', 'open_source', 'load_tokens',
-           'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
+__all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'DataConfig',
+           'builtin_corpus_files', 'lesson_text', 'file_format', 'source_kind', 'Shard', 'HoldOut', 'hold_out_rule',
+           'TextSource', 'open_source', 'load_tokens', 'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches',
+           'eval_windows', 'Prefetcher', 'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -286,19 +287,111 @@ def _choose_validation(cfg: DataConfig, splits: dict) -> tuple[str | None, float
                           "pass --val-split with one of those, or a fraction like 0.05")
     return cfg.val_split, None
 
+# %% ../nbs/03_data.ipynb #a29016a2
+HOLD_OUT_COUNT_BYTES = 16_000_000  # local sources up to this size are counted whole: the share printed is exact
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.1f}".rstrip("0").rstrip(".") + " %"
+
+@dataclass(frozen=True)
+class HoldOut:
+    "Which documents (or which part of a single one) a fraction hold-out sends to validation."
+    fraction: float  # the share asked for: --val-split, or AUTO_VAL_FRACTION
+    documents: int | None = None  # non-empty rows of the source (None: not all counted)
+    held: int | None = None  # documents held out (None: not counted)
+    rows: tuple[int, ...] | None = None  # row indices held out (None: the hash of the row index decides)
+    tail: tuple[int, int, int] | None = None  # single document: (row, first character held out, characters)
+
+    def part(self, row: int, text: str, which: str) -> str | None:
+        "The part of the document at `row` that belongs to `which` ('train' or 'val'), or None."
+        if self.tail is not None and self.tail[0] == row:
+            return text[self.tail[1]:] if which == "val" else text[:self.tail[1]]
+        held = row in self.rows if self.rows is not None else _held_out(str(row), self.fraction)
+        return text if held == (which == "val") else None
+
+    def describe(self, split: str) -> str:
+        "What validation holds, in words, with the real share where it is known."
+        if self.tail is not None:
+            share = _percent(1 - self.tail[1] / self.tail[2])
+            return f"the last {share} of the single document held out for validation"
+        if self.documents:
+            return (f"{self.held} of {self.documents} documents ({_percent(self.held / self.documents)}) "
+                    "held out for validation")
+        return (f"about {_percent(self.fraction)} of the documents of {split!r} held out for validation "
+                "(by a hash of the row number)")
+
+# %% ../nbs/03_data.ipynb #ba9d4222
+def _tail_start(text: str, fraction: float) -> int | None:
+    ("Where the held-out tail of a single document starts: `fraction` of its characters from the end, moved back "
+     "to a line (else word) boundary; None when it cannot leave text on both sides.")
+    target = len(text) - max(1, round(len(text) * fraction))
+    lo = max(1, 2 * target - len(text))  # to reach a boundary the tail may grow to twice its share, no more
+    for sep in ("\n", " "):
+        if (at := text.rfind(sep, lo, target + 1)) >= 0:
+            target = at + 1
+            break
+    return target if text[:target].strip() and text[target:].strip() else None
+
+def hold_out_rule(rows: Iterator[tuple[int, object]], fraction: float, count_all: bool = True) -> HoldOut:
+    ("The hold-out of (row index, value) pairs: the hash's, unless it leaves a split empty; then the row the hash "
+     "ranks first, or the tail of a single document. `count_all=False` stops at the hash's first pick.")
+    docs, hits, first, best = 0, 0, None, None
+    for row, value in rows:
+        if not (isinstance(value, str) and value.strip()):
+            continue
+        docs, hits = docs + 1, hits + _held_out(str(row), fraction)
+        first = (row, value) if docs == 1 else None  # the text is kept only while it may be the only document
+        rank = (zlib.crc32(str(row).encode("utf-8")) % 10_000, row)  # the row the hash would hold out first
+        best = min(best or rank, rank)
+        if hits and not count_all:
+            return HoldOut(fraction)
+    if 0 < hits < docs:
+        return HoldOut(fraction, docs, hits)
+    if docs >= 2:
+        return HoldOut(fraction, docs, 1, rows=(best[1],))
+    cut = _tail_start(first[1], fraction) if docs == 1 else None
+    if cut is not None:
+        return HoldOut(fraction, 1, 0, tail=(first[0], cut, len(first[1])))
+    return HoldOut(fraction, docs, 0, rows=())  # nothing to hold out: no text, or one document too short to cut
+
 # %% ../nbs/03_data.ipynb #1a2b305e
 class _SplitRows:
     "The rows of one split of a `TextSource`, with the validation rule applied."
+    @cached_property
+    def hold_out(self) -> HoldOut | None:
+        "The fraction hold-out, learned from the rows on first use (None: validation is a split of its own)."
+        if self.val_fraction is None:
+            return None
+        shards = self.splits[self.cfg.split]
+        if any(s.fmt == "hub" for s in shards):  # not read ahead: on several hosts each may read only its share
+            return HoldOut(self.val_fraction)
+        values = (value for shard in shards for value, _ in shard.rows(None, self.cfg.text_column))
+        return hold_out_rule(enumerate(values), self.val_fraction, self.size_bytes <= HOLD_OUT_COUNT_BYTES)
+
     def _walk(self, which: str, start: dict):
         "(text or None, shard, position, next row index) for every row of one epoch from `start`."
         shards = self.splits[self.val_name if which == "val" and self.val_name else self.cfg.split]
-        row = start["row"]
+        rule, row = self.hold_out, start["row"]
         for s in range(start["shard"], len(shards)):
             for value, pos in shards[s].rows(start["pos"] if s == start["shard"] else None, self.cfg.text_column):
-                keep = isinstance(value, str) and value.strip() and (
-                    self.val_fraction is None or _held_out(str(row), self.val_fraction) == (which == "val"))
+                text = value if isinstance(value, str) and value.strip() else None
+                if text is not None and rule is not None:
+                    text = rule.part(row, text, which)
                 row += 1
-                yield (value if keep else None), s, pos, row
+                yield text, s, pos, row
+
+    def _no_text(self, which: str) -> str:
+        "Why split `which` yielded no document: which case it is and what to do, in one line."
+        rule, name = self.hold_out, self.cfg.dataset_id
+        if which == "train" or rule is None or rule.documents == 0:
+            split = self.val_name if which == "val" and self.val_name else self.cfg.split
+            return (f"the {split!r} split of {name} holds no text in column {self.cfg.text_column!r} "
+                    "(every row is empty or blank): pass a dataset with text in it")
+        if rule.documents == 1:
+            return (f"the validation hold-out of {name} got no text: its only document is too short to cut a tail "
+                    "from: add text, or pass a dataset with a validation split")
+        return (f"the validation hold-out of {name} ({_percent(rule.fraction)} of the rows, by a hash of the row "
+                "number) got no document: pass --val-split with a larger fraction, or a split name")
 
 # %% ../nbs/03_data.ipynb #be5f8ea9
 class TextSource(_SplitRows):
@@ -334,9 +427,7 @@ class TextSource(_SplitRows):
                     yield texts, _resolved(pos)
                     texts = []
             if not found:
-                raise TinyLMError(f"the {which} split of {self.cfg.dataset_id} holds no text in column "
-                                  f"{self.cfg.text_column!r} (every row is empty or blank): "
-                                  "pass a dataset with text in it")
+                raise TinyLMError(self._no_text(which))
             pos = {**START, "epoch": pos["epoch"] + 1}
             if texts:
                 yield texts, pos
@@ -346,8 +437,13 @@ class TextSource(_SplitRows):
         for texts, _ in self.chunks(which, epochs=1):
             yield from texts
 
+    @property
+    def val_description(self) -> str:
+        "What validation holds, in words: a split's name, or what is held out and its real share."
+        return f"the {self.val_name!r} split" if self.val_name else self.hold_out.describe(self.cfg.split)
+
     def __repr__(self):
-        val = self.val_name or f"{self.val_fraction:.0%} of {self.cfg.split!r} held out"
+        val = self.val_name or self.hold_out.describe(self.cfg.split)
         return f"TextSource({self.cfg.dataset_id!r}, train={self.cfg.split!r}, val={val})"
 
 # %% ../nbs/03_data.ipynb #dba16c85
@@ -470,6 +566,9 @@ _CACHE_FIELDS = ("dataset_id", "dataset_config", "text_column", "split", "val_sp
 def _cache_key(source: TextSource, which: str, tokenizer: Tokenizer) -> str:
     spec = dict({k: getattr(source.cfg, k) for k in _CACHE_FIELDS}, which=which, source=source.fingerprint,
                 tokenizer=tokenizer_fingerprint(tokenizer))
+    rule = source.hold_out
+    if rule is not None and (rule.rows is not None or rule.tail is not None):  # a small source's own split
+        spec["hold_out"] = [rule.rows, rule.tail]
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
