@@ -302,7 +302,7 @@ def run_eval(args) -> dict:
                           f"use at most {cfg.seq_len}")
     result = evaluate_text(model, tokenizer, source.documents("val"), source.separator, stride=args.stride,
                            batch_size=args.batch_size)
-    split = source.val_name or f"the {source.val_fraction:.0%} of {source.cfg.split!r} held out for validation"
+    split = source.val_name or source.val_description  # the real share held out, not the nominal fraction
     result |= {"checkpoint": str(args.checkpoint), "dataset_id": source.cfg.dataset_id, "split": split}
     print(json.dumps(result) if args.json else
           f"loss {result['loss']:.4f} nats/token, perplexity {result['perplexity']:.2f}, {result['bits_per_byte']:.4f} "

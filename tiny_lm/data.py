@@ -440,7 +440,7 @@ class TextSource(_SplitRows):
     @property
     def val_description(self) -> str:
         "What validation holds, in words: a split's name, or what is held out and its real share."
-        return f"the {self.val_name!r} split" if self.val_name else self.hold_out.describe(self.cfg.split)
+        return f"validation on the {self.val_name!r} split" if self.val_name else self.hold_out.describe(self.cfg.split)
 
     def __repr__(self):
         val = self.val_name or self.hold_out.describe(self.cfg.split)

@@ -167,7 +167,7 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
         tokens = load_tokens(source, "train", tokenizer, cache, data_cfg.workers)
         batches = Batches(tokens, seq_len, B, train_cfg.seed, data_cfg.stride, **process)
         return PreparedData(batches, val_batches, unigram_loss(tokens, val_targets, vocab), batches.steps_per_epoch,
-                            f"cached: {len(tokens):,} train tokens in {cache}")
+                            f"cached: {len(tokens):,} train tokens in {cache}; {source.val_description}")
     sample = first_tokens(source, "train", tokenizer, SAMPLE_TOKENS)
     if len(sample) < seq_len + 1:
         raise TinyLMError(f"the training split has only {len(sample)} tokens, fewer than one window of --seq-len + 1 = "
@@ -178,7 +178,8 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
     per_epoch = source.size_bytes / bpt / stride / global_B if source.size_bytes else None
     return PreparedData(batches, val_batches, unigram_loss(sample, val_targets, vocab), per_epoch,
                         f"streaming: {data_cfg.workers} tokenizer workers, shuffle buffer "
-                        f"{data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens")
+                        f"{data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens; "
+                        f"{source.val_description}")
 
 # %% ../nbs/08a_run.ipynb #8930ab1b
 def prepare_tokenizer(source: TextSource, tok_cfg: TokenizerConfig, out: Path, given: Path | None, retrain: bool,
