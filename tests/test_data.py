@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -478,3 +479,89 @@ def test_corrupt_gzip_error_names_the_file(tmp_path, tokenizer, damage):
         stream_everything(src, tokenizer, 0)
     with deadline(60), pytest.raises(TinyLMError, match="damaged.txt.gz"):
         load_tokens(src, "train", tokenizer, cache_dir=tmp_path / "cache")
+
+
+# ---------------------------------------------------------------------- small sources: a validation split, always
+def write_txt(path: Path, docs: list[str]) -> Path:
+    path.write_text("\n\n".join(docs))
+    return path
+
+
+@pytest.mark.parametrize("n,fmt,val_split", [(60, "jsonl", "auto"), (5, "jsonl", "auto"), (1, "jsonl", "auto"),
+                                             (5, "txt", "auto"), (60, "txt", "0.1"), (1, "txt", "0.1")])
+def test_small_source_holds_out_validation(tmp_path, n, fmt, val_split):
+    """60, 5 or 1 long documents: validation is not empty, shares no text with training, the two make the source,
+    a second opening splits alike, and the description gives the real share (the 2 % hash alone picks none of 60)."""
+    docs = make_docs(n, words=(300, 400))
+    path = (write_jsonl if fmt == "jsonl" else write_txt)(tmp_path / f"small.{fmt}", docs)
+    src = open_source(DataConfig(str(path), val_split=val_split, num_workers=0))
+    train, val = list(src.documents("train")), list(src.documents("val"))
+    assert train and val
+    if n == 1:
+        assert train[0] + val[0] == docs[0] and train[0][-1] in " \n"  # cut at a line or word boundary
+        share, fraction = len(val[0]) / len(docs[0]), 0.02 if val_split == "auto" else float(val_split)
+        assert fraction <= share < 2 * fraction  # moved back to a boundary: at most twice the share asked for
+        assert f"the last {share * 100:.1f}".rstrip("0").rstrip(".") in src.val_description
+    else:
+        assert sorted(train + val) == sorted(docs) and not set(train) & set(val)
+        assert f"{len(val)} of {n} documents" in src.val_description and src.val_description in repr(src)
+    again = open_source(DataConfig(str(path), val_split=val_split, num_workers=0))
+    assert (list(again.documents("train")), list(again.documents("val"))) == (train, val)
+
+
+def test_small_source_token_cache_follows_its_split(tmp_path, tokenizer):
+    """A cache written under the plain hash rule (all 5 documents train) is not reused for the small-source rule."""
+    from tiny_lm.data import HoldOut
+    from tiny_lm.encoding import tokenize_documents
+    path = write_jsonl(tmp_path / "five.jsonl", make_docs(5))
+    old = open_source(DataConfig(str(path)))
+    old.hold_out = HoldOut(old.val_fraction)  # the rule of earlier versions: the hash alone
+    assert len(list(old.documents("train"))) == 5
+    load_tokens(old, "train", tokenizer, tmp_path / "cache")
+    src = open_source(DataConfig(str(path)))
+    tokens = load_tokens(src, "train", tokenizer, tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("tokens-train-*"))) == 2
+    assert np.array_equal(tokens, tokenize_documents(list(src.documents("train")), tokenizer, src.separator))
+
+
+def test_the_one_document_error_says_which_case(tmp_path):
+    """Validation of a source with no text, or one document too short to cut, fails in one line that says which."""
+    blank = write_jsonl(tmp_path / "blank.jsonl", [" ", ""])
+    with pytest.raises(TinyLMError, match="'train' split of .* holds no text in column 'text' .every row is empty"):
+        list(open_source(DataConfig(str(blank))).documents("val"))
+    with pytest.raises(TinyLMError, match="only document is too short"):
+        list(open_source(DataConfig(str(write_txt(tmp_path / "x.txt", ["x"])))).documents("val"))
+
+
+# JAX's persistent compilation cache, the folder tests/test_cli.py shares: the tiny model compiles once per CI run
+JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": str(Path(tempfile.gettempdir()) / "tiny_lm_tests_jax_cache"),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+TRAIN_SMALL = """
+import json, sys
+from tiny_lm.data import DataConfig
+from tiny_lm.model import ModelConfig
+from tiny_lm.run import Trainer
+from tiny_lm.tokenizer import TokenizerConfig
+from tiny_lm.train import TrainConfig
+model = lambda V: ModelConfig(vocab_size=V, seq_len=32, d_model=32, n_layer=1, n_head=2)
+steps = TrainConfig(batch_size=2, max_steps=2, eval_every=2, save_every=2, warmup_steps=1, eval_batches=2)
+for path in sys.argv[1:]:
+    summary = Trainer(model, steps, DataConfig(path, num_workers=0), path + ".run", TokenizerConfig(vocab_size=300),
+                      progress=False).fit()
+    print("SUMMARY", json.dumps(summary))
+"""
+
+
+def test_small_sources_train_with_a_validation_loss(tmp_path):
+    """60 and 5 documents (jsonl) and a single one (txt) each train a tiny model and report a finite validation loss."""
+    paths = [write_jsonl(tmp_path / "sixty.jsonl", make_docs(60, words=(300, 400))),
+             write_jsonl(tmp_path / "five.jsonl", make_docs(5, words=(300, 400))),
+             write_txt(tmp_path / "one.txt", make_docs(1, words=(3000, 3000)))]
+    r = subprocess.run([sys.executable, "-c", TRAIN_SMALL, *map(str, paths)], capture_output=True, text=True,
+                       env={**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **JAX_CACHE}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summaries = [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("SUMMARY ")]
+    assert len(summaries) == 3 and all(np.isfinite(s["final_val_loss"]) for s in summaries)
+    for held in ["1 of 60 documents (1.7 %) held out", "1 of 5 documents (20 %) held out",
+                 "of the single document held out"]:
+        assert held in r.stdout, r.stdout[-3000:]
