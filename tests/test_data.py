@@ -524,13 +524,50 @@ def test_small_source_token_cache_follows_its_split(tmp_path, tokenizer):
     assert np.array_equal(tokens, tokenize_documents(list(src.documents("train")), tokenizer, src.separator))
 
 
-def test_the_one_document_error_says_which_case(tmp_path):
-    """Validation of a source with no text, or one document too short to cut, fails in one line that says which."""
+class ListStream:
+    """Rows as a hub stream gives them (`state_dict`, `load_state_dict`, iteration), without `datasets`."""
+    def __init__(self, texts: list[str]):
+        self.rows = [{"text": t} for t in texts]
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+def test_no_text_errors_say_which_case(tmp_path):
+    """A source with no text, one document too short to cut, or a hub stream too short for the hash: one line each."""
+    from tiny_lm.data import Shard, TextSource
     blank = write_jsonl(tmp_path / "blank.jsonl", [" ", ""])
     with pytest.raises(TinyLMError, match="'train' split of .* holds no text in column 'text' .every row is empty"):
         list(open_source(DataConfig(str(blank))).documents("val"))
     with pytest.raises(TinyLMError, match="only document is too short"):
         list(open_source(DataConfig(str(write_txt(tmp_path / "x.txt", ["x"])))).documents("val"))
+    hub = TextSource(DataConfig("owner/name"), {"train": [Shard("hub", stream=ListStream(make_docs(5)), start={})]},
+                     "", {}, None)
+    assert len(list(hub.documents("train"))) == 5  # a stream is not read ahead: the hash alone decides
+    with pytest.raises(TinyLMError, match=r"validation hold-out of owner/name \(2 % of the rows.* --val-split"):
+        list(hub.documents("val"))
+
+
+def test_small_source_stream_resumes_exactly(tmp_path, tokenizer):
+    """A single document split into head and tail streams its head only, and resumes from any state exactly."""
+    src = open_source(DataConfig(str(write_txt(tmp_path / "one.txt", make_docs(1, words=(3000, 3000))))))
+    head = list(src.documents("train"))[0]
+    assert list(src.documents("val")) and make_docs(1, words=(3000, 3000))[0].startswith(head)
+    run = StreamingBatches(src, tokenizer, SEQ, 2, buffer_size=8, num_workers=0)
+    states, batches = [], []
+    for _ in range(12):
+        batches.append(next(run))
+        states.append(checkpoint_roundtrip(run.state(), tmp_path / f"s{len(states)}"))
+    close(run)
+    again = StreamingBatches(src, tokenizer, SEQ, 2, buffer_size=8, num_workers=0, state=states[4])
+    assert all(np.array_equal(next(again), b) for b in batches[5:])
+    close(again)
 
 
 # JAX's persistent compilation cache, the folder tests/test_cli.py shares: the tiny model compiles once per CI run

@@ -43,7 +43,7 @@ _HELP = {
     "text_column": "column holding the text in jsonl, json, parquet, csv and hub sources (default: text)",
     "split": "split to train on (default: train)",
     "val_split": "validation: a split name, a fraction of documents to hold out, or auto (default: auto = the "
-                 "'validation' split, else 2%%)",
+                 "'validation' split, else 2%% of the documents: at least one, or the tail of a single one)",
     "max_train_examples": "read at most this many training documents per epoch (default: all)",
     "max_val_examples": "read at most this many validation documents (default: as many as --eval-batches needs)",
     "stride": "tokens between window starts; less than --seq-len makes windows overlap (default: --seq-len)",
