@@ -314,6 +314,8 @@ class HoldOut:
         if self.tail is not None:
             share = _percent(1 - self.tail[1] / self.tail[2])
             return f"the last {share} of the single document held out for validation"
+        if self.documents == 0:
+            return "nothing held out for validation (no document has text)"
         if self.documents:
             return (f"{self.held} of {self.documents} documents ({_percent(self.held / self.documents)}) "
                     "held out for validation")
