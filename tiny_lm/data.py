@@ -368,7 +368,8 @@ class _SplitRows:
         if any(s.fmt == "hub" for s in shards):  # not read ahead: on several hosts each may read only its share
             return HoldOut(self.val_fraction)
         values = (value for shard in shards for value, _ in shard.rows(None, self.cfg.text_column))
-        return hold_out_rule(enumerate(values), self.val_fraction, self.size_bytes <= HOLD_OUT_COUNT_BYTES)
+        small = self.size_bytes is not None and self.size_bytes <= HOLD_OUT_COUNT_BYTES  # None: size unknown
+        return hold_out_rule(enumerate(values), self.val_fraction, count_all=small)
 
     def _walk(self, which: str, start: dict):
         "(text or None, shard, position, next row index) for every row of one epoch from `start`."
