@@ -26,7 +26,7 @@ from .tokenizer import TinyLMError
 # %% auto #0
 __all__ = ['PROVIDERS', 'PACKAGES', 'COMPLETE', 'RUN_FILE', 'RUN_FILES', 'SECRET_VARIABLES', 'RETRY_DELAYS', 'redact',
            'Destination', 'cloud_destination', 'destination', 'check_destination', 'manifest', 'Mirror',
-           'complete_steps', 'is_url', 'fetch_run', 'run_id_of']
+           'complete_steps', 'is_url', 'checked_record', 'fetch_run', 'run_id_of']
 
 # %% ../nbs/06a_copies.ipynb #70dddbbe
 PROVIDERS = {"s3": "s3", "gcs": "gs", "azure": "az"}  # --cloud-provider -> URL scheme
@@ -403,9 +403,29 @@ def is_url(path) -> bool:
     "Whether `path` names a bucket (`s3://`, `gs://`, `az://`, ...) rather than a local folder."
     return "://" in str(path)
 
+def _bad_name(rel) -> bool:
+    "Whether `rel` could land outside the folder it is joined to (or names no file), on POSIX or Windows."
+    if not isinstance(rel, str) or not rel or "\\" in rel or rel.startswith("/") or re.match(r"[A-Za-z]:", rel):
+        return True
+    return any(part in ("", os.curdir, os.pardir) for part in rel.split("/")) or any(ord(ch) < 32 for ch in rel)
+
+def checked_record(record, folder: Path) -> dict:
+    "The files and sizes a copy's record lists, refused unless every name is a plain relative path inside `folder`."
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise ValueError("the copy's record lists no files")
+    inside = folder.resolve()
+    for rel, size in files.items():
+        # the record is data from the bucket: a name must not climb out of the step folder
+        if _bad_name(rel) or inside not in (inside / rel).resolve().parents:
+            raise ValueError(f"the copy's record names {str(rel)[:80]!r}, not a file inside its folder")
+        if not isinstance(size, int) or size < 0:
+            raise ValueError(f"the copy's record gives {str(rel)[:80]!r} the size {size!r}")
+    return files
+
 def _download_step(fs: fsspec.AbstractFileSystem, root: str, name: str, local: Path) -> dict:
     "Download the copied folder `name` into `local`, checked against the copy's record; returns its files and sizes."
-    files = json.loads(fs.cat_file(f"{root}/{name}/{COMPLETE}"))["files"]
+    files = checked_record(json.loads(fs.cat_file(f"{root}/{name}/{COMPLETE}")), local / name)  # before any write
     for rel in files:
         (local / name / rel).parent.mkdir(parents=True, exist_ok=True)
     fs.get([f"{root}/{name}/{rel}" for rel in files], [str(local / name / rel) for rel in files])
