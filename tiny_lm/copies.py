@@ -101,6 +101,18 @@ def _connection_field(name: str) -> str | None:
     fields = dict(p.split("=", 1) for p in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";") if "=" in p)
     return fields.get(name)
 
+def _azure_options(account_name: str | None, sas_token: str | None) -> dict:
+    "adlfs's options for an account and a SAS token; an endpoint other than Azure's from the connection string."
+    if not sas_token:
+        return {"account_name": account_name} if account_name else {}
+    endpoint = _connection_field("BlobEndpoint")
+    if endpoint:  # Azurite, a sovereign cloud: the token goes with the endpoint
+        return {"connection_string": f"BlobEndpoint={endpoint};SharedAccessSignature={sas_token.lstrip('?')}"}
+    if not account_name:
+        raise TinyLMError("an Azure SAS token needs the storage account it is for: set AZURE_STORAGE_ACCOUNT_NAME "
+                          "or pass --azure-account-name")
+    return {"account_name": account_name, "sas_token": sas_token}
+
 def cloud_destination(provider: str, bucket: str, prefix: str = "", region: str | None = None,
                       account_name: str | None = None, sas_token: str | None = None) -> Destination:
     "The bucket (an S3 bucket, a GCS bucket or an Azure container) that `--cloud-provider` and its flags name."
@@ -117,16 +129,10 @@ def cloud_destination(provider: str, bucket: str, prefix: str = "", region: str 
         options["client_kwargs"] = {"region_name": region}
     if (account_name or sas_token) and scheme != "az":
         raise TinyLMError("--azure-account-name and --azure-sas-token apply to --cloud-provider azure: leave them out")
-    if scheme == "az" and sas_token:
-        endpoint = _connection_field("BlobEndpoint")
-        if endpoint:
-            options["connection_string"] = f"BlobEndpoint={endpoint};SharedAccessSignature={sas_token.lstrip('?')}"
-        elif account_name:
-            options |= {"account_name": account_name, "sas_token": sas_token}
-        else:
-            raise TinyLMError("--azure-sas-token needs --azure-account-name (the storage account the token is for)")
-    elif scheme == "az" and account_name:
-        options["account_name"] = account_name
+    if scheme == "az":
+        # the token is best kept off the command line (shell history, `ps`): adlfs's own variables, read here too
+        sas_token = sas_token or os.environ.get("AZURE_STORAGE_SAS_TOKEN") or None
+        options |= _azure_options(account_name or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME"), sas_token)
     path = "/".join(p for p in (bucket, prefix.strip("/")) if p)
     return Destination(f"{scheme}://{path}", options, secrets=tuple(s for s in (sas_token,) if s))
 
