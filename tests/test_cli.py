@@ -731,3 +731,34 @@ def test_output_piped_into_head_stops_quietly(trained):
     stderr = p.stderr.read().decode()
     assert p.wait(timeout=300) == 141, stderr
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+
+
+def test_a_copied_lora_run_finds_its_base_beside_it(trained, tmp_path):
+    """A LoRA run and its base, copied side by side to another place (the originals gone): `generate`, `load_run` and a
+    resume find the base relative to the run, checked by fingerprint, and say where it came from; without the base, one
+    line that says where it looked and how to point at it."""
+    out, _ = trained
+    home, moved = tmp_path / "home", tmp_path / "elsewhere"
+    shutil.copytree(out, home / "base", ignore=shutil.ignore_patterns("best_checkpoint", "final_checkpoint"))
+    r = tiny_lm("train", "--init-from", str(home / "base"), "--use-lora", "--lora-rank", "4", *without(FINETUNE, "--save-every"),
+                "--save-every", "2", "--max-steps", "2", "--output-dir", str(home / "lora"))
+    assert r.returncode == 0, r.stderr
+    shutil.copytree(home, moved)
+    shutil.rmtree(home)  # the recorded absolute path is gone
+    copy, base = moved / "lora", moved / "base"
+    r = tiny_lm("generate", "--checkpoint", str(copy), "--prompt", "Speak", "--max-tokens", "4", "--temperature", "0")
+    assert r.returncode == 0 and r.stdout.startswith("Speak"), r.stderr
+    assert f"go on base run {copy / os.pardir / 'base'} step 80 (recorded relative to the LoRA run" in r.stderr, r.stderr
+
+    r = tiny_lm("train", "--output-dir", str(copy), "--max-steps", "4", "--no-progress")
+    assert r.returncode == 0 and "resumed" in r.stdout and f"go on base run {copy / os.pardir / 'base'}" in r.stdout, r.stderr
+
+    from tiny_lm.checkpoint import load_run
+    from tiny_lm.tokenizer import TinyLMError
+    hidden = tmp_path / "hidden"
+    base.rename(hidden)
+    with pytest.raises(TinyLMError, match="not found: tried") as e:
+        load_run(copy)
+    assert str(copy / os.pardir / "base") in str(e.value) and "\n" not in str(e.value)
+    run = load_run(copy, base=hidden)
+    assert run.step == 4 and run.base["path"] == str(hidden) and run.base["found"] == "the base folder given"

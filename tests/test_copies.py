@@ -82,10 +82,11 @@ class Cloud:
             self.secret = generate_account_sas("devstoreaccount1", DEV_KEY, ResourceTypes(service=True, container=True, object=True),
                                                AccountSasPermissions(read=True, write=True, delete=True, list=True, add=True, create=True),
                                                expiry=datetime.now(timezone.utc) + timedelta(hours=2))
-            self.env = {"AZURE_STORAGE_CONNECTION_STRING": f"BlobEndpoint={endpoint};"}  # the endpoint only: the SAS token comes by flag
+            # the endpoint only; the SAS token from the variable adlfs reads, not a flag (shell history, `ps`)
+            self.env = {"AZURE_STORAGE_CONNECTION_STRING": f"BlobEndpoint={endpoint};", "AZURE_STORAGE_SAS_TOKEN": self.secret}
             self.fs = adlfs.AzureBlobFileSystem(connection_string=f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={DEV_KEY};BlobEndpoint={endpoint};",
                                                 skip_instance_cache=True)
-            self.flags, self.scheme = ["--cloud-provider", "azure", "--azure-account-name", "devstoreaccount1", "--azure-sas-token", self.secret], "az"
+            self.flags, self.scheme = ["--cloud-provider", "azure", "--azure-account-name", "devstoreaccount1"], "az"
         self.fs.mkdir(BUCKET)
         self.flags += ["--cloud-bucket", BUCKET, "--cloud-prefix", PREFIX]
         self.url = f"{self.scheme}://{BUCKET}/{PREFIX}"
@@ -218,3 +219,73 @@ def test_copy_flags_are_checked_before_any_work(tmp_path):
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (flags, r.stderr)
         assert "TOPSECRET" not in r.stderr + r.stdout
         assert not out.exists()
+
+
+def doctor_a_bucket(cloud, victim: Path) -> str:
+    """Two copied steps in the bucket; the newer one's record also lists a `../` name and an absolute path, whose objects
+    exist (so a fetch that trusts the record writes them). Returns the copied run's URL."""
+    prefix, up = f"{BUCKET}/doctored", os.pardir + "/"
+    for step in (2, 4):
+        cloud.fs.pipe(f"{prefix}/checkpoint_step_{step}/model/a", b"abc")
+        cloud.fs.pipe(f"{prefix}/checkpoint_step_{step}/tiny_lm_complete.json", json.dumps({"files": {"model/a": 3}}).encode())
+    evil = {"model/a": 3, f"{up}{up}escaped.txt": 4, str(victim): 4}
+    for rel in evil:
+        if rel != "model/a":
+            cloud.fs.pipe(f"{prefix}/checkpoint_step_4/{rel}", b"evil")
+    cloud.fs.pipe(f"{prefix}/checkpoint_step_4/tiny_lm_complete.json", json.dumps({"files": evil}).encode())
+    cloud.fs.invalidate_cache()
+    return f"s3://{prefix}"
+
+
+def listing(folder: Path) -> list:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_doctored_bucket_record_writes_nothing_outside_the_run_folder(clouds, tmp_path):
+    """Names in a copy's record are checked before anything is fetched: the step whose record names `../../escaped.txt`
+    and an absolute path is skipped like a damaged one (the older good step is fetched, the warning says why); named
+    itself, it fails with one line. Nothing is written outside the run folder."""
+    from tiny_lm.copies import destination, fetch_run
+    cloud = clouds("s3")
+    victim = tmp_path / "victim.txt"
+    url = doctor_a_bucket(cloud, victim)
+    run = tmp_path / "runs" / "fetched"
+    run.parent.mkdir()
+    before = listing(tmp_path)
+    said = []
+    dest = destination(url, {"endpoint_url": cloud.env["AWS_ENDPOINT_URL"], "key": "testing", "secret": cloud.secret})
+    assert fetch_run(dest, into=run, say=said.append) == run
+    assert [p for p in listing(tmp_path) if not p.startswith("runs/fetched")] == before and not victim.exists()
+    assert sorted(p.name for p in run.glob("checkpoint_step_*")) == ["checkpoint_step_2"]
+    assert (run / "checkpoint_step_2" / "model" / "a").read_bytes() == b"abc"
+    assert "step 4" in said[0] and "not a file inside its folder" in said[0] and "from step 2 instead" in said[0], said
+
+    out = tmp_path / "o"
+    r = tiny_lm("train", *RUN, *cloud.flags, "--resume-from", f"{url}/checkpoint_step_4", "--output-dir", str(out), env=cloud.env)
+    assert r.returncode == 2 and "not a file inside its folder" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert [p for p in listing(tmp_path) if not p.startswith("runs/fetched")] == before and not victim.exists()
+
+
+def test_sas_token_from_the_environment_reaches_azure_and_the_flag_warns(clouds, tmp_path, monkeypatch, capsys):
+    """AZURE_STORAGE_SAS_TOKEN is the destination's token (a probe is written to Azurite with it, and it is a secret
+    that messages hide); --azure-sas-token still works, with a warning that shows no token."""
+    from tiny_lm.cli import run_config_from_args
+    from tiny_lm.copies import check_destination
+    from tiny_lm.flags import build_parser
+    cloud = clouds("azure")
+    for name, value in cloud.env.items():
+        if name.startswith("AZURE_"):
+            monkeypatch.setenv(name, value)
+    args = ["train", *cloud.flags, "--output-dir", str(tmp_path / "o")]
+    run = run_config_from_args(build_parser().parse_args(args))
+    assert run.cloud.secrets == (cloud.secret,)
+    check_destination(run.cloud)  # written, read back and deleted with the token from the environment
+    assert capsys.readouterr().err == ""
+
+    monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN")
+    run = run_config_from_args(build_parser().parse_args([*args, "--azure-sas-token", cloud.secret]))
+    check_destination(run.cloud)
+    err = capsys.readouterr().err
+    assert "warning: --azure-sas-token" in err and "AZURE_STORAGE_SAS_TOKEN" in err and cloud.secret not in err, err
+    assert not (tmp_path / "o").exists()

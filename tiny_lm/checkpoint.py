@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -27,8 +28,9 @@ from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['STEP_PREFIX', 'step_of', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore',
-           'restore', 'set_aside', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights', 'LoadedRun',
-           'load_run', 'load_checkpoint', 'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
+           'restore', 'set_aside', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights',
+           'base_fingerprint', 'base_reference', 'find_base', 'LoadedRun', 'load_run', 'load_checkpoint',
+           'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -351,6 +353,72 @@ def restore_weights(path: str | Path, model: Transformer) -> dict:
     nnx.update(model, restored)
     return {"path": str(root), "step": step}
 
+# %% ../nbs/06_checkpoint.ipynb #c0fe00fa
+def base_fingerprint(meta: dict) -> str:
+    "A hash of a run's architecture, run id and tokenizer: what a LoRA run checks a base it finds against."
+    config = meta.get("config") or {}
+    key = {"model": config.get("model"), "run_id": config.get("run_id"), "tokenizer": meta.get("tokenizer_fingerprint")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+def base_reference(base: str | Path, step: int, fingerprint: str | None, run_dir: str | Path | None = None) -> dict:
+    ("How a fine-tune records its base run: step, fingerprint, and folder, absolute and (given `run_dir`) relative "
+     "to the fine-tuned run's folder.")
+    base = Path(base).expanduser().absolute()
+    ref = {"path": str(base), "step": step, "fingerprint": fingerprint}
+    if run_dir is not None:
+        try:
+            ref["relative"] = Path(os.path.relpath(base, Path(run_dir).expanduser().absolute())).as_posix()
+        except ValueError:  # another drive (Windows): no relative path
+            pass
+    return ref
+
+def _base_candidates(ref: dict, run_dir: Path | None, base: str | Path | None) -> list[tuple[Path, str]]:
+    "Where to look for a LoRA run's base, and how each place was found: the folder given, else the recorded ones."
+    if base is not None:
+        base = Path(base).expanduser()
+        return [(base.parent if step_of(base.name) is not None else base, "the base folder given")]
+    found = []
+    if ref.get("relative") and run_dir is not None:
+        found.append((Path(run_dir) / ref["relative"], f"recorded relative to the LoRA run as {ref['relative']}"))
+    if ref.get("path"):
+        found.append((Path(ref["path"]), "the absolute path recorded when the fine-tune started"))
+    unique = {}
+    for folder, how in found:
+        unique.setdefault(folder.resolve(), (folder, how))
+    return list(unique.values())
+
+# %% ../nbs/06_checkpoint.ipynb #41c5e576
+def _base_mismatch(folder: Path, ref: dict) -> str | None:
+    "Why `folder` is not the base run `ref` records (None: it is)."
+    step_dir = folder / f"{STEP_PREFIX}_{ref['step']}"
+    if not step_dir.is_dir():
+        return f"no {step_dir.name} there"
+    try:
+        meta = run_meta(step_dir)[2]
+    except TinyLMError:
+        return f"its {step_dir.name} cannot be read"
+    if ref.get("fingerprint") and base_fingerprint(meta) != ref["fingerprint"]:
+        return "another model: its fingerprint differs"
+    return None
+
+def find_base(ref: dict, run_dir: str | Path | None, base: str | Path | None = None) -> tuple[Path, str]:
+    ("The base run folder a LoRA run's adapters go on, and how it was found (`base` if given, else the recorded "
+     "places), checked against the recorded fingerprint; a one-line error naming every place tried if none fits.")
+    run_dir = Path(run_dir) if run_dir is not None else None
+    if not ref or "step" not in ref:
+        raise TinyLMError(f"{run_dir} holds LoRA adapters but records no base run: retrain it with --merge-lora "
+                          "for a standalone model")
+    tried = []
+    for folder, how in _base_candidates(ref, run_dir, base):
+        why = _base_mismatch(folder, ref)
+        if why is None:
+            return folder, how
+        tried.append(f"{folder} ({why})")
+    where = run_dir / ref["relative"] if ref.get("relative") and run_dir is not None else "a folder"
+    raise TinyLMError(f"{run_dir} holds LoRA adapters for base run step {ref['step']} (fingerprint "
+                      f"{ref.get('fingerprint')}), not found: tried {'; '.join(tried) or 'nothing'}: "
+                      f"copy that base run to {where}, or pass its folder (load_run(path, base=FOLDER))")
+
 # %% ../nbs/06_checkpoint.ipynb #5e06bce1
 @dataclasses.dataclass
 class LoadedRun:
@@ -362,42 +430,45 @@ class LoadedRun:
     step: int  # the step loaded: the one named, or the newest readable
     meta: dict  # that step's record (configuration, metrics)
     damaged: list[int]  # newer steps skipped because they cannot be read
+    base: dict | None = None  # a LoRA run's base: {'path', 'step', 'found'} (how the folder was found)
 
-def _read_model(root: Path, tokenizer: Tokenizer, ckpt: Checkpointer,
-                step: int) -> tuple[Transformer, ModelConfig, dict]:
+def _read_model(root: Path, tokenizer: Tokenizer, ckpt: Checkpointer, step: int,
+                base: str | Path | None = None) -> tuple[Transformer, ModelConfig, dict, dict | None]:
     meta = _read_meta(ckpt, step)
     cfg = ModelConfig.from_dict(meta["config"]["model"])
     if meta.get("tokenizer_fingerprint") not in (None, tokenizer_fingerprint(tokenizer)):
         raise TinyLMError(f"{root / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with "
                           "(was it retrained?): restore the original tokenizer.json")
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    model, found = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), None
     if cfg.lora_rank:  # adapters only: the frozen weights come from the base run
-        base = meta["config"].get("init_from") or {}
-        try:
-            restore_weights(Path(base["path"]) / f"{STEP_PREFIX}_{base['step']}", model)
-        except (TinyLMError, KeyError) as e:
-            raise TinyLMError(f"{root} holds LoRA adapters for base run {base.get('path')} step {base.get('step')}, "
-                              f"which cannot be read ({e}): restore that checkpoint, "
-                              "or retrain with --merge-lora for a standalone model") from None
+        ref = meta["config"].get("init_from") or {}
+        folder, how = find_base(ref, root, base)
+        restore_weights(folder / f"{STEP_PREFIX}_{ref['step']}", model)
+        found = {"path": str(folder), "step": ref["step"], "found": how}
     restored = ckpt.manager.restore(
         step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(saved_state(model)))))["model"]
     nnx.update(model, restored)
-    return model, cfg, meta
+    return model, cfg, meta, found
 
-def load_run(path: str | Path = "output") -> LoadedRun:
+def load_run(path: str | Path = "output", base: str | Path | None = None) -> LoadedRun:
     ("The model of a run folder's newest readable step (a damaged newer one is skipped with a warning), "
-     "or of the checkpoint_step_N folder `path` names.")
+     "or of the checkpoint_step_N folder `path` names; a LoRA run's base from `base` or where the run records it.")
     root, _ = _locate(Path(path).expanduser())
     tokenizer = load_tokenizer(root / "tokenizer.json")
-    root, step, (model, cfg, meta), damaged = _newest_readable(
-        path, lambda ckpt, s: _read_model(root, tokenizer, ckpt, s))
-    return LoadedRun(model, tokenizer, cfg, root, step, meta, damaged)
+    root, step, (model, cfg, meta, found), damaged = _newest_readable(
+        path, lambda ckpt, s: _read_model(root, tokenizer, ckpt, s, base))
+    if found is not None:  # never a base from a place the user did not name without saying so
+        print(f"note: the LoRA adapters of {root} go on base run {found['path']} step {found['step']} "
+              f"({found['found']})", file=sys.stderr)
+    return LoadedRun(model, tokenizer, cfg, root, step, meta, damaged, found)
 
-def load_checkpoint(path: str | Path = "output") -> tuple[Transformer, Tokenizer, ModelConfig]:
+def load_checkpoint(path: str | Path = "output",
+                    base: str | Path | None = None) -> tuple[Transformer, Tokenizer, ModelConfig]:
     ("Load `(model, tokenizer, model_config)` from a training run's folder or one of its checkpoint_step_N folders "
-     "(a LoRA run loads its base too).")
-    run = load_run(path)
+     "(a LoRA run loads its base too: from `base`, else where the run records it).")
+    run = load_run(path, base)
     return run.model, run.tokenizer, run.config
+
 
 # %% ../nbs/06_checkpoint.ipynb #878ddae0
 def committed_steps(run_dir: str | Path) -> list[int]:

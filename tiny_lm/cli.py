@@ -162,22 +162,30 @@ def _init_from(args) -> tuple[Path, int, dict] | None:
     replace(base, **lora)  # a rank wider than the model fails here, before any slow work
     return root, step, meta
 
-def run_config_from_args(args) -> RunConfig:
-    "The run's own settings from the flags: output, resuming, copies (checked, no network yet), mesh and printing."
+def _cloud_from_args(args):
+    "The bucket `--cloud-provider` and its flags name (checked, no network yet), or None."
     given = [f for f in ("cloud_bucket", "cloud_prefix", "cloud_region", "azure_account_name", "azure_sas_token")
              if getattr(args, f) is not None]
-    cloud = None
-    if args.cloud_provider is None and given:
-        raise TinyLMError(f"--{given[0].replace('_', '-')} needs --cloud-provider s3|gcs|azure")
-    if args.cloud_provider is not None:
-        if args.cloud_bucket is None:
-            raise TinyLMError("--cloud-provider needs --cloud-bucket B, the bucket (Azure: the container) to copy the "
-                              "run to")
-        prefix = args.cloud_prefix
-        if prefix is None:
-            prefix = Path(args.output_dir).expanduser().absolute().name
-        cloud = cloud_destination(args.cloud_provider, args.cloud_bucket, prefix, args.cloud_region,
-                                  args.azure_account_name, args.azure_sas_token)
+    if args.cloud_provider is None:
+        if given:
+            raise TinyLMError(f"--{given[0].replace('_', '-')} needs --cloud-provider s3|gcs|azure")
+        return None
+    if args.cloud_bucket is None:
+        raise TinyLMError("--cloud-provider needs --cloud-bucket B, the bucket (Azure: the container) to copy the "
+                          "run to")
+    prefix = args.cloud_prefix
+    if prefix is None:
+        prefix = Path(args.output_dir).expanduser().absolute().name
+    cloud = cloud_destination(args.cloud_provider, args.cloud_bucket, prefix, args.cloud_region,
+                              args.azure_account_name, args.azure_sas_token)
+    if args.azure_sas_token is not None:  # it still works: a warning, not an error
+        print("warning: --azure-sas-token leaves the token in the shell's history, in `ps` and in saved notebook "
+              "cells: set AZURE_STORAGE_SAS_TOKEN instead and leave the flag out", file=sys.stderr)
+    return cloud
+
+def run_config_from_args(args) -> RunConfig:
+    "The run's own settings from the flags: output, resuming, copies (checked, no network yet), mesh and printing."
+    cloud = _cloud_from_args(args)
     if args.compile_cache is not None and args.no_compile_cache:
         raise TinyLMError("give --compile-cache DIR or --no-compile-cache, not both")
     compile_cache = None if args.no_compile_cache else args.compile_cache or "auto"

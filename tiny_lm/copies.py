@@ -26,7 +26,7 @@ from .tokenizer import TinyLMError
 # %% auto #0
 __all__ = ['PROVIDERS', 'PACKAGES', 'COMPLETE', 'RUN_FILE', 'RUN_FILES', 'SECRET_VARIABLES', 'RETRY_DELAYS', 'redact',
            'Destination', 'cloud_destination', 'destination', 'check_destination', 'manifest', 'Mirror',
-           'complete_steps', 'is_url', 'fetch_run', 'run_id_of']
+           'complete_steps', 'is_url', 'checked_record', 'fetch_run', 'run_id_of']
 
 # %% ../nbs/06a_copies.ipynb #70dddbbe
 PROVIDERS = {"s3": "s3", "gcs": "gs", "azure": "az"}  # --cloud-provider -> URL scheme
@@ -101,6 +101,18 @@ def _connection_field(name: str) -> str | None:
     fields = dict(p.split("=", 1) for p in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";") if "=" in p)
     return fields.get(name)
 
+def _azure_options(account_name: str | None, sas_token: str | None) -> dict:
+    "adlfs's options for an account and a SAS token; an endpoint other than Azure's from the connection string."
+    if not sas_token:
+        return {"account_name": account_name} if account_name else {}
+    endpoint = _connection_field("BlobEndpoint")
+    if endpoint:  # Azurite, a sovereign cloud: the token goes with the endpoint
+        return {"connection_string": f"BlobEndpoint={endpoint};SharedAccessSignature={sas_token.lstrip('?')}"}
+    if not account_name:
+        raise TinyLMError("an Azure SAS token needs the storage account it is for: set AZURE_STORAGE_ACCOUNT_NAME "
+                          "or pass --azure-account-name")
+    return {"account_name": account_name, "sas_token": sas_token}
+
 def cloud_destination(provider: str, bucket: str, prefix: str = "", region: str | None = None,
                       account_name: str | None = None, sas_token: str | None = None) -> Destination:
     "The bucket (an S3 bucket, a GCS bucket or an Azure container) that `--cloud-provider` and its flags name."
@@ -117,16 +129,10 @@ def cloud_destination(provider: str, bucket: str, prefix: str = "", region: str 
         options["client_kwargs"] = {"region_name": region}
     if (account_name or sas_token) and scheme != "az":
         raise TinyLMError("--azure-account-name and --azure-sas-token apply to --cloud-provider azure: leave them out")
-    if scheme == "az" and sas_token:
-        endpoint = _connection_field("BlobEndpoint")
-        if endpoint:
-            options["connection_string"] = f"BlobEndpoint={endpoint};SharedAccessSignature={sas_token.lstrip('?')}"
-        elif account_name:
-            options |= {"account_name": account_name, "sas_token": sas_token}
-        else:
-            raise TinyLMError("--azure-sas-token needs --azure-account-name (the storage account the token is for)")
-    elif scheme == "az" and account_name:
-        options["account_name"] = account_name
+    if scheme == "az":
+        # the token is best kept off the command line (shell history, `ps`): adlfs's own variables, read here too
+        sas_token = sas_token or os.environ.get("AZURE_STORAGE_SAS_TOKEN") or None
+        options |= _azure_options(account_name or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME"), sas_token)
     path = "/".join(p for p in (bucket, prefix.strip("/")) if p)
     return Destination(f"{scheme}://{path}", options, secrets=tuple(s for s in (sas_token,) if s))
 
@@ -403,9 +409,29 @@ def is_url(path) -> bool:
     "Whether `path` names a bucket (`s3://`, `gs://`, `az://`, ...) rather than a local folder."
     return "://" in str(path)
 
+def _bad_name(rel) -> bool:
+    "Whether `rel` could land outside the folder it is joined to (or names no file), on POSIX or Windows."
+    if not isinstance(rel, str) or not rel or "\\" in rel or rel.startswith("/") or re.match(r"[A-Za-z]:", rel):
+        return True
+    return any(part in ("", os.curdir, os.pardir) for part in rel.split("/")) or any(ord(ch) < 32 for ch in rel)
+
+def checked_record(record, folder: Path) -> dict:
+    "The files and sizes a copy's record lists, refused unless every name is a plain relative path inside `folder`."
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise ValueError("the copy's record lists no files")
+    inside = folder.resolve()
+    for rel, size in files.items():
+        # the record is data from the bucket: a name must not climb out of the step folder
+        if _bad_name(rel) or inside not in (inside / rel).resolve().parents:
+            raise ValueError(f"the copy's record names {str(rel)[:80]!r}, not a file inside its folder")
+        if not isinstance(size, int) or size < 0:
+            raise ValueError(f"the copy's record gives {str(rel)[:80]!r} the size {size!r}")
+    return files
+
 def _download_step(fs: fsspec.AbstractFileSystem, root: str, name: str, local: Path) -> dict:
     "Download the copied folder `name` into `local`, checked against the copy's record; returns its files and sizes."
-    files = json.loads(fs.cat_file(f"{root}/{name}/{COMPLETE}"))["files"]
+    files = checked_record(json.loads(fs.cat_file(f"{root}/{name}/{COMPLETE}")), local / name)  # before any write
     for rel in files:
         (local / name / rel).parent.mkdir(parents=True, exist_ok=True)
     fs.get([f"{root}/{name}/{rel}" for rel in files], [str(local / name / rel) for rel in files])

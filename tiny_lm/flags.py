@@ -197,8 +197,10 @@ def _copy_flags(p) -> None:
                                         "configuration's)"),
                        ("azure-account-name", "Azure only: the storage account (default: AZURE_STORAGE_ACCOUNT_NAME "
                                               "or the connection string's)"),
-                       ("azure-sas-token", "Azure only: a SAS token for the account, never printed or saved (default: "
-                                           "AZURE_STORAGE_SAS_TOKEN or the connection string's credentials)")]:
+                       ("azure-sas-token", "Azure only: a SAS token for the account, never printed or saved; better "
+                                           "set AZURE_STORAGE_SAS_TOKEN, read when the flag is left out (a flag lands "
+                                           "in shell history and `ps`, and warns) (default: that variable or the "
+                                           "connection string's credentials)")]:
         c.add_argument(f"--{flag}", default=None, help=what)
 
 # %% ../nbs/08c_flags.ipynb #06b2d70e

@@ -22,8 +22,9 @@ import numpy as np
 from flax import nnx
 from tokenizers import Tokenizer
 
-from .checkpoint import (STEP_PREFIX, Checkpointer, best_step, checkpoint_folders, clear_old_checkpoints,
-                                committed_steps, load_run, publish, restore, restore_weights, run_meta, set_aside)
+from .checkpoint import (STEP_PREFIX, Checkpointer, base_fingerprint, base_reference, best_step,
+                                checkpoint_folders, clear_old_checkpoints, committed_steps, find_base, load_run,
+                                publish, restore, restore_weights, run_meta, set_aside)
 from .copies import Destination, Mirror, check_destination, destination, fetch_run, is_url, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
                           open_source, unigram_loss)
@@ -243,13 +244,20 @@ def warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1
     say(f"warning: training needs about {need / 2**30:.1f} GiB per device but it has {have / 2**30:.1f} GiB: {fix}")
 
 # %% ../nbs/08a_run.ipynb #f87da997
-def load_base(model: nnx.Module, init: tuple | None, saved: dict, say=print) -> dict | None:
-    "Copy the base run's weights into `model` for a new fine-tune or a resumed LoRA run; returns the base's reference."
+def load_base(model: nnx.Module, init: tuple | None, saved: dict, say=print,
+              run_dir: str | Path | None = None) -> dict | None:
+    ("Copy the base run's weights into `model` for a new fine-tune or a resumed LoRA run; returns the base's "
+     "reference (also relative to `run_dir`, the fine-tuned run's folder, so that a copy of both finds it).")
     if init is not None:
-        ref = restore_weights(init[0] / f"{STEP_PREFIX}_{init[1]}", model)
+        restore_weights(init[0] / f"{STEP_PREFIX}_{init[1]}", model)
+        ref = base_reference(init[0], init[1], base_fingerprint(init[2]), run_dir)
     elif saved.get("init_from") and model.cfg.lora_rank:  # a LoRA checkpoint holds no base weights
-        ref = saved["init_from"]
-        restore_weights(Path(ref["path"]) / f"{STEP_PREFIX}_{ref['step']}", model)
+        folder, how = find_base(saved["init_from"], run_dir)  # checked by fingerprint, wherever the record points
+        step = saved["init_from"]["step"]
+        restore_weights(folder / f"{STEP_PREFIX}_{step}", model)
+        say(f"the LoRA adapters go on base run {folder} step {step} ({how})")
+        # recorded again from here: the run's next copy finds the base where this one did
+        ref = base_reference(folder, step, saved["init_from"].get("fingerprint"), run_dir)
     else:
         return saved.get("init_from")
     if model.cfg.lora_rank:
@@ -444,7 +452,7 @@ def build_model(t: Trainer, s: RunState) -> None:
     s.config = {"model": s.model_cfg.to_dict(), "data": asdict(t.data_config), "train": s.train_cfg.to_dict(),
                 "mesh": dict(s.mesh.shape), "global_batch_size": s.train_cfg.batch_size * batch_devices(),
                 "run_id": s.run_id}
-    s.init_ref = load_base(s.model, s.init, s.saved, t.say)
+    s.init_ref = load_base(s.model, s.init, s.saved, t.say, run_dir=t.output_dir)
     if s.init_ref:
         s.config["init_from"] = s.init_ref
 
