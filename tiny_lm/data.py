@@ -33,8 +33,9 @@ from .tokenizer import EOT, TinyLMError, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'DataConfig', 'builtin_corpus_files',
-           'lesson_text', 'file_format', 'source_kind', 'Shard', 'TextSource', 'open_source', 'load_tokens',
-           'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
+           'lesson_text', 'file_format', 'source_kind', 'Shard', 'TextSource', 'open_source', 'token_cache_path',
+           'load_tokens', 'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher',
+           'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -495,6 +496,11 @@ def _cache_key(source: TextSource, which: str, tokenizer: Tokenizer) -> str:
                 tokenizer=tokenizer_fingerprint(tokenizer))
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+def token_cache_path(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
+    "The file in `cache_dir` holding a split's tokens: its name carries the source's and the tokenizer's fingerprint."
+    dtype = np.dtype(token_dtype(tokenizer.get_vocab_size())).name
+    return Path(cache_dir) / f"tokens-{which}-{_cache_key(source, which, tokenizer)}.{dtype}.bin"
+
 def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
                 num_workers: int = 0) -> np.ndarray:
     ("One epoch of the 'train' or 'val' split: memory-mapped from `cache_dir` (built there first if needed), "
@@ -504,7 +510,7 @@ def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir:
     if cache_dir is None:
         with TokenizerPool(tokenizer, source.separator, num_workers) as pool:
             return np.concatenate([tokens for tokens, _ in pool.imap(chunks)])
-    path = Path(cache_dir) / f"tokens-{which}-{_cache_key(source, which, tokenizer)}.{np.dtype(dtype).name}.bin"
+    path = token_cache_path(source, which, tokenizer, cache_dir)
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
