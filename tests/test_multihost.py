@@ -81,13 +81,14 @@ def test_two_processes_make_one_tokenizer_and_cache(tmp_path):
 
 def test_cli_two_processes(tmp_path):
     "tiny-lm train with --coordinator-address/--num-processes/--process-id: process 0 writes the run, both checkpoint."
-    port = free_port()
+    port, scratch = free_port(), tmp_path / "tmp"
     out = tmp_path / "run"
+    scratch.mkdir()
     flags = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "300", "--seq-len", "32", "--batch-size", "1",
              "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--max-steps", "6", "--eval-every", "3",
              "--save-every", "3", "--eval-batches", "2", "--no-progress", "--mesh", "data=2,fsdp=4", "--output-dir", str(out)]
     results = run_pair(lambda i: ["tiny-lm", "train", *flags, "--coordinator-address", f"127.0.0.1:{port}",
-                                  "--num-processes", "2", "--process-id", str(i)])
+                                  "--num-processes", "2", "--process-id", str(i)], env={**ENV, "TMPDIR": str(scratch)})
     for code, _, err in results:
         assert code == 0, err[-3000:]
     (code0, out0, _), (code1, out1, _) = results
@@ -98,6 +99,7 @@ def test_cli_two_processes(tmp_path):
     assert summary["mesh"] == {"data": 2, "fsdp": 4} and summary["effective_batch_size"] == 8
     assert summary["device_info"]["process_count"] == 2
     assert (out / "checkpoint_step_6").is_dir() and (out / "metrics.jsonl").exists()
+    assert sorted(os.listdir(scratch)) == []  # process 1 left no temporary folder (tokenizer or token cache)
 
 
 def test_unreachable_coordinator_is_one_line(tmp_path):
