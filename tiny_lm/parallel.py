@@ -9,6 +9,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -26,7 +27,8 @@ __all__ = ['MESH_AXES', 'SHARDING_RULES', 'cpu_split', 'device_info', 'device_ba
            'path_name', 'param_spec', 'state_shardings', 'sharded_init', 'replicate', 'state_bytes_per_device',
            'sharded_memory_bytes', 'choose_mesh', 'batch_sharding', 'batch_put', 'global_put', 'split_batch',
            'usable_cores', 'use_cpu_cores', 'batch_devices', 'cpu_mesh_devices', 'initialize_distributed',
-           'is_main_process', 'from_main_process', 'on_main_process', 'disagreement', 'check_processes_agree']
+           'is_main_process', 'from_main_process', 'wait_for_main', 'on_main_process', 'disagreement',
+           'check_processes_agree']
 
 # %% ../nbs/05_parallel.ipynb #176c1bb0
 _cpu_split = 0  # how many devices `use_cpu_cores` (below) made of this process's CPU (0: none)
@@ -282,20 +284,37 @@ def from_main_process(data: bytes | None) -> bytes:
     data_N = np.frombuffer(data, np.uint8) if main else np.zeros(size, np.uint8)
     return np.asarray(multihost_utils.broadcast_one_to_all(data_N)).tobytes()
 
+def _outcome(make: Callable[[], object], into: dict) -> None:
+    "Run `make()` into `into`: a reply for every process, and an unexpected exception for process 0 to raise."
+    try:
+        into["reply"] = {"value": make()}
+    except TinyLMError as e:
+        into["reply"] = {"error": str(e)}
+    except Exception as e:  # the others must not wait for ever: they stop too, process 0 raises its own
+        into.update(reply={"error": f"process 0 stopped ({type(e).__name__}): see its log"}, exception=e)
+
+def wait_for_main(worker: threading.Thread | None, poll_s: float = 2.0) -> None:
+    "Every process waits while process 0's `worker` runs, in short collectives: a long one can time out (gloo: 30 s)."
+    from jax.experimental import multihost_utils
+    while True:
+        if worker is not None:
+            worker.join(poll_s)
+        running = worker is not None and worker.is_alive()
+        if not int(multihost_utils.broadcast_one_to_all(np.int32(running))):  # process 0's value reaches all
+            return
+
 def on_main_process(make: Callable[[], object]) -> object:
     "`make()` run by process 0 alone, its JSON-ready result on every process; an error there stops every process."
     if jax.process_count() == 1:
         return make()
-    reply = None
+    outcome, worker = {}, None
     if jax.process_index() == 0:
-        try:
-            reply = {"value": make()}
-        except TinyLMError as e:
-            reply = {"error": str(e)}
-        except Exception as e:  # the others must not wait for ever: they stop too, process 0 raises its own
-            from_main_process(json.dumps({"error": f"process 0 stopped ({type(e).__name__}): see its log"}).encode())
-            raise
-    reply = json.loads(from_main_process(reply and json.dumps(reply).encode()))
+        worker = threading.Thread(target=_outcome, args=(make, outcome), daemon=True)
+        worker.start()
+    wait_for_main(worker)
+    reply = json.loads(from_main_process(json.dumps(outcome["reply"]).encode() if worker else None))
+    if "exception" in outcome:
+        raise outcome["exception"]
     if "error" in reply:
         raise TinyLMError(reply["error"])
     return reply["value"]
