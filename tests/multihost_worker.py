@@ -1,12 +1,38 @@
 """One process of a multi-process tiny_lm run (tests/test_multihost.py starts two of them, or one alone).
 
-Usage: python multihost_worker.py OUT.json [COORDINATOR NUM_PROCESSES PROCESS_ID]
+Usage: python multihost_worker.py OUT.json [COORDINATOR NUM_PROCESSES PROCESS_ID [--prepare TEXT_FILE RUN_DIR]]
 Trains a tiny model for a few steps on random tokens over a data × fsdp mesh of every device of
 every process, feeding only this process's rows, and writes its losses, the windows it read and a
 checksum of the final parameters to OUT.json.
+With --prepare, it only prepares a run's tokenizer and cached data from TEXT_FILE, twice: in RUN_DIR/shared
+(one folder for every process) and in RUN_DIR/pN (a folder of its own, as on hosts with separate disks),
+and writes what each preparation said to OUT.json.
 """
 import json
 import sys
+from pathlib import Path
+
+
+def prepare(out, text_file, run_dir):
+    "The tokenizer and the token cache of a run, as `Trainer` prepares them, in a shared folder and in a private one."
+    import jax
+
+    from tiny_lm.data import DataConfig, open_source
+    from tiny_lm.run import prepare_data, prepare_tokenizer
+    from tiny_lm.tokenizer import TokenizerConfig, tokenizer_fingerprint
+    from tiny_lm.train import TrainConfig
+
+    data_cfg = DataConfig(text_file, streaming=False, num_workers=0)
+    source, report = open_source(data_cfg), {}
+    for case, folder in [("shared", Path(run_dir) / "shared"), ("own", Path(run_dir) / f"p{jax.process_index()}")]:
+        folder.mkdir(parents=True, exist_ok=True)
+        tokenizer, how = prepare_tokenizer(source, TokenizerConfig(vocab_size=300), folder, None, False, None,
+                                           say=lambda *a: None)
+        data = prepare_data(source, tokenizer, data_cfg, 32, TrainConfig(batch_size=1, eval_batches=1), folder, 3.0)
+        report[case] = {"how": how, "fingerprint": tokenizer_fingerprint(tokenizer), "data": data.description,
+                        "tokens": int(data.batches.tokens.sum()), "files": sorted(p.name for p in folder.rglob("*"))}
+    json.dump(report, open(out, "w"))
+
 
 if __name__ == "__main__":
     out, *dist = sys.argv[1:]
@@ -14,6 +40,9 @@ if __name__ == "__main__":
 
     if dist:
         initialize_distributed(dist[0], int(dist[1]), int(dist[2]), timeout_s=60)
+    if dist[3:4] == ["--prepare"]:
+        prepare(out, *dist[4:6])
+        sys.exit(0)
     import jax
     import numpy as np
     from flax import nnx

@@ -25,9 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pair(args_for, timeout=240):
+def run_pair(args_for, timeout=240, env=None):
     "Start processes 0 and 1 with args_for(i); wait for both; return their CompletedProcess-like results."
-    procs = [subprocess.Popen(args_for(i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for i in range(2)]
+    procs = [subprocess.Popen(args_for(i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or ENV)
+             for i in range(2)]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=timeout)
@@ -57,15 +58,37 @@ def test_two_processes_train_together(tmp_path):
     assert sorted(sum(one["windows"], [])) == sorted(sum(p0["windows"], []) + sum(p1["windows"], []))
 
 
+def test_two_processes_make_one_tokenizer_and_cache(tmp_path):
+    "Process 0 trains the tokenizer and tokenizes the data; the other receives, checks, and leaves no temporary folder."
+    port, scratch = free_port(), tmp_path / "tmp"
+    scratch.mkdir()
+    results = run_pair(lambda i: [sys.executable, str(HERE / "multihost_worker.py"), str(tmp_path / f"p{i}.json"),
+                                  f"127.0.0.1:{port}", "2", str(i), "--prepare", str(DATA / "tiny_shakespeare.txt"),
+                                  str(tmp_path / "run")], env={**ENV, "TMPDIR": str(scratch)})
+    for code, out, err in results:
+        assert code == 0, err[-3000:]
+    p0, p1 = (json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2))
+    for case in ("shared", "own"):
+        assert p0[case]["fingerprint"] == p1[case]["fingerprint"]  # one tokenizer...
+        assert p1[case]["how"] == f"tokenizer {p0[case]['fingerprint']} received from process 0"  # ...trained once
+        assert p0[case]["tokens"] == p1[case]["tokens"]  # the same training tokens on both
+    assert p0["shared"]["how"].startswith("trained tokenizer") and p0["own"]["how"].startswith("trained tokenizer")
+    assert p1["shared"]["data"] == p0["shared"]["data"]  # process 1 maps process 0's cache file
+    assert "removed temporary file" in p1["own"]["data"]  # no shared folder: its own copy, already gone
+    assert p1["own"]["files"] == []  # process 1 writes nothing of the run into its own folder
+    assert sorted(os.listdir(scratch)) == []  # no temporary folder left behind
+
+
 def test_cli_two_processes(tmp_path):
     "tiny-lm train with --coordinator-address/--num-processes/--process-id: process 0 writes the run, both checkpoint."
-    port = free_port()
+    port, scratch = free_port(), tmp_path / "tmp"
     out = tmp_path / "run"
+    scratch.mkdir()
     flags = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "300", "--seq-len", "32", "--batch-size", "1",
              "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--max-steps", "6", "--eval-every", "3",
              "--save-every", "3", "--eval-batches", "2", "--no-progress", "--mesh", "data=2,fsdp=4", "--output-dir", str(out)]
     results = run_pair(lambda i: ["tiny-lm", "train", *flags, "--coordinator-address", f"127.0.0.1:{port}",
-                                  "--num-processes", "2", "--process-id", str(i)])
+                                  "--num-processes", "2", "--process-id", str(i)], env={**ENV, "TMPDIR": str(scratch)})
     for code, _, err in results:
         assert code == 0, err[-3000:]
     (code0, out0, _), (code1, out1, _) = results
@@ -76,6 +99,7 @@ def test_cli_two_processes(tmp_path):
     assert summary["mesh"] == {"data": 2, "fsdp": 4} and summary["effective_batch_size"] == 8
     assert summary["device_info"]["process_count"] == 2
     assert (out / "checkpoint_step_6").is_dir() and (out / "metrics.jsonl").exists()
+    assert sorted(os.listdir(scratch)) == []  # process 1 left no temporary folder (tokenizer or token cache)
 
 
 def test_unreachable_coordinator_is_one_line(tmp_path):

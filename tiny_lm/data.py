@@ -21,7 +21,7 @@ import time
 import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 
@@ -34,8 +34,8 @@ from .tokenizer import EOT, TinyLMError, tokenizer_fingerprint
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'DataConfig',
            'builtin_corpus_files', 'lesson_text', 'file_format', 'source_kind', 'Shard', 'HoldOut', 'hold_out_rule',
-           'TextSource', 'open_source', 'load_tokens', 'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches',
-           'eval_windows', 'Prefetcher', 'step_batches']
+           'TextSource', 'open_source', 'token_cache_path', 'load_tokens', 'first_tokens', 'unigram_loss', 'Batches',
+           'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -404,6 +404,7 @@ class TextSource(_SplitRows):
         self.cfg, self.splits, self.separator, self.fingerprint = cfg, splits, separator, fingerprint
         self.size_bytes = size_bytes  # bytes of text of the training split (None: unknown, a hub stream)
         self.val_name, self.val_fraction = _choose_validation(cfg, splits)
+        self._shares = {}  # (process_index, process_count) -> the TextSource of that process's share of a hub stream
 
     @property
     def streams_by_default(self) -> bool:
@@ -414,6 +415,9 @@ class TextSource(_SplitRows):
                process_index: int = 0, process_count: int = 1,
                epochs: int | None = None) -> Iterator[tuple[list[str], dict]]:
         "Groups of documents of this process's share, each with the position after it; epoch after epoch."
+        if process_count > 1 and self._reads_by_node(which):  # a hub stream: read only this process's rows
+            yield from self._share(process_index, process_count).chunks(which, start, docs_per_chunk, epochs=epochs)
+            return
         pos = dict(start or START)
         limit = self.cfg.max_val_examples if which == "val" else self.cfg.max_train_examples
         while epochs is None or pos["epoch"] < epochs:
@@ -434,6 +438,25 @@ class TextSource(_SplitRows):
             pos = {**START, "epoch": pos["epoch"] + 1}
             if texts:
                 yield texts, pos
+
+    def _reads_by_node(self, which: str) -> bool:
+        "Whether a process can read only its share: a hub stream whose validation rows come from a split of their own."
+        return which == "train" and self.val_name is not None and all(
+            s.fmt == "hub" for s in self.splits[self.cfg.split])  # a held-out fraction needs every row's index
+
+    def _share(self, process_index: int, process_count: int) -> TextSource:
+        "This process's share of a hub stream's training split (`split_dataset_by_node`), its limit divided."
+        key = (process_index, process_count)
+        if key not in self._shares:  # kept: a saved position is a state of this very stream
+            from datasets.distributed import split_dataset_by_node
+            streams = [split_dataset_by_node(s.stream, rank=process_index, world_size=process_count)
+                       for s in self.splits[self.cfg.split]]
+            limit = self.cfg.max_train_examples
+            cfg = replace(self.cfg, max_train_examples=None if limit is None else -(-limit // process_count))
+            split = [Shard("hub", stream=s, start=s.state_dict()) for s in streams]
+            self._shares[key] = TextSource(cfg, {**self.splits, self.cfg.split: split}, self.separator,
+                                           self.fingerprint, self.size_bytes)
+        return self._shares[key]
 
     def documents(self, which: str) -> Iterator[str]:
         "Non-empty documents of the 'train' or 'val' split, one epoch, in a fixed order."
@@ -574,6 +597,11 @@ def _cache_key(source: TextSource, which: str, tokenizer: Tokenizer) -> str:
         spec["hold_out"] = [rule.rows, rule.tail]
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+def token_cache_path(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
+    "The file in `cache_dir` holding a split's tokens: its name carries the source's and the tokenizer's fingerprint."
+    dtype = np.dtype(token_dtype(tokenizer.get_vocab_size())).name
+    return Path(cache_dir) / f"tokens-{which}-{_cache_key(source, which, tokenizer)}.{dtype}.bin"
+
 def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
                 num_workers: int = 0) -> np.ndarray:
     ("One epoch of the 'train' or 'val' split: memory-mapped from `cache_dir` (built there first if needed), "
@@ -583,7 +611,7 @@ def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir:
     if cache_dir is None:
         with TokenizerPool(tokenizer, source.separator, num_workers) as pool:
             return np.concatenate([tokens for tokens, _ in pool.imap(chunks)])
-    path = Path(cache_dir) / f"tokens-{which}-{_cache_key(source, which, tokenizer)}.{np.dtype(dtype).name}.bin"
+    path = token_cache_path(source, which, tokenizer, cache_dir)
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")

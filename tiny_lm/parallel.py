@@ -5,9 +5,11 @@
 # %% ../nbs/05_parallel.ipynb #87c0c532
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -25,7 +27,8 @@ __all__ = ['MESH_AXES', 'SHARDING_RULES', 'cpu_split', 'device_info', 'device_ba
            'path_name', 'param_spec', 'state_shardings', 'sharded_init', 'replicate', 'state_bytes_per_device',
            'sharded_memory_bytes', 'choose_mesh', 'batch_sharding', 'batch_put', 'global_put', 'split_batch',
            'usable_cores', 'use_cpu_cores', 'batch_devices', 'cpu_mesh_devices', 'initialize_distributed',
-           'is_main_process']
+           'is_main_process', 'from_main_process', 'wait_for_main', 'on_main_process', 'disagreement',
+           'check_processes_agree']
 
 # %% ../nbs/05_parallel.ipynb #176c1bb0
 _cpu_split = 0  # how many devices `use_cpu_cores` (below) made of this process's CPU (0: none)
@@ -269,3 +272,70 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
 def is_main_process() -> bool:
     "Process 0 prints, writes JSON and plots."
     return jax.process_index() == 0
+
+# %% ../nbs/05_parallel.ipynb #4a31f7d1
+def from_main_process(data: bytes | None) -> bytes:
+    "Process 0's `data` on every process (the others pass None): a tokenizer's JSON, or an error all must raise."
+    if jax.process_count() == 1:
+        return data
+    from jax.experimental import multihost_utils  # a collective: every process calls it at the same point
+    main = jax.process_index() == 0
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(len(data) if main else 0)))
+    data_N = np.frombuffer(data, np.uint8) if main else np.zeros(size, np.uint8)
+    return np.asarray(multihost_utils.broadcast_one_to_all(data_N)).tobytes()
+
+def _outcome(make: Callable[[], object], into: dict) -> None:
+    "Run `make()` into `into`: a reply for every process, and an unexpected exception for process 0 to raise."
+    try:
+        into["reply"] = {"value": make()}
+    except TinyLMError as e:
+        into["reply"] = {"error": str(e)}
+    except Exception as e:  # the others must not wait for ever: they stop too, process 0 raises its own
+        into.update(reply={"error": f"process 0 stopped ({type(e).__name__}): see its log"}, exception=e)
+
+def wait_for_main(worker: threading.Thread | None, poll_s: float = 2.0) -> None:
+    "Every process waits while process 0's `worker` runs, in short collectives: a long one can time out (gloo: 30 s)."
+    from jax.experimental import multihost_utils
+    while True:
+        if worker is not None:
+            worker.join(poll_s)
+        running = worker is not None and worker.is_alive()
+        if not int(multihost_utils.broadcast_one_to_all(np.int32(running))):  # process 0's value reaches all
+            return
+
+def on_main_process(make: Callable[[], object]) -> object:
+    "`make()` run by process 0 alone, its JSON-ready result on every process; an error there stops every process."
+    if jax.process_count() == 1:
+        return make()
+    outcome, worker = {}, None
+    if jax.process_index() == 0:
+        worker = threading.Thread(target=_outcome, args=(make, outcome), daemon=True)
+        worker.start()
+    wait_for_main(worker)
+    reply = json.loads(from_main_process(json.dumps(outcome["reply"]).encode() if worker else None))
+    if "exception" in outcome:
+        raise outcome["exception"]
+    if "error" in reply:
+        raise TinyLMError(reply["error"])
+    return reply["value"]
+
+def disagreement(values: list[str], what: str, fix: str) -> str | None:
+    "The error naming the processes whose `values[i]` differs from process 0's, or None when all agree."
+    bad = [i for i, v in enumerate(values) if v != values[0]]
+    if not bad:
+        return None
+    many = len(bad) > 1
+    return (f"process{'es' if many else ''} {', '.join(map(str, bad))} of {len(values)} {'have' if many else 'has'} "
+            f"another {what} than process 0 ({values[bad[0]]} vs {values[0]}): {fix}")
+
+def check_processes_agree(value: str, what: str, fix: str) -> None:
+    "Raise one `TinyLMError` on every process when any process's `value` (ASCII, ≤ 64 bytes) differs from process 0's."
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+    value_N = np.frombuffer(value.encode("ascii").ljust(64)[:64], np.uint8)
+    values = [bytes(row).decode("ascii").rstrip() for row in np.asarray(multihost_utils.process_allgather(value_N))]
+    error = disagreement(values, what, fix)
+    if error:
+        raise TinyLMError(error)
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -27,13 +28,14 @@ from .checkpoint import (STEP_PREFIX, Checkpointer, base_fingerprint, base_refer
                                 publish, restore, restore_weights, run_meta, set_aside)
 from .copies import Destination, Mirror, check_destination, destination, fetch_run, is_url, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
-                          open_source, unigram_loss)
+                          open_source, token_cache_path, unigram_loss)
 from .generate import evaluate_text, generate
 from .model import (ModelConfig, attention_implementation, count_params, default_precision, describe_attention,
                            merge_lora)
 from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh,
-                              device_banner, device_info, global_put, is_main_process, make_mesh, parse_mesh, path_name,
-                              sharded_init, sharded_memory_bytes, split_batch, use_cpu_cores)
+                              check_processes_agree, device_banner, device_info, global_put, is_main_process, make_mesh,
+                              on_main_process, parse_mesh, path_name, sharded_init, sharded_memory_bytes, split_batch,
+                              use_cpu_cores)
 from .profiles import Plan, device_memory, plan_run
 from .sizing import TOKENS_PER_PARAM, param_count, preset_config, size_report
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
@@ -41,12 +43,13 @@ from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_
 from .train import TrainConfig, fit, in_notebook, init_model, peak_flops, use_compile_cache
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'PreparedData', 'prepare_data',
-           'prepare_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big', 'load_base', 'write_merged',
-           'recorded_model', 'carry_metrics', 'close_copies', 'duration', 'RunState', 'Trainer', 'open_run',
-           'prepare_data_and_tokenizer', 'model_config_for', 'resumed_batch', 'build_model', 'restore_run',
-           'already_done', 'open_checkpoints', 'describe_run', 'train', 'eval_sampler', 'summarize', 'publish_run',
-           'report', 'inspect_run', 'describe_inspection']
+__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'private_tokens', 'shared_tokens',
+           'PreparedData', 'prepare_data', 'prepare_tokenizer', 'main_tokenizer', 'mesh_devices', 'run_mesh',
+           'split_cpu', 'warn_if_too_big', 'load_base', 'write_merged', 'recorded_model', 'carry_metrics',
+           'close_copies', 'duration', 'RunState', 'Trainer', 'open_run', 'prepare_data_and_tokenizer',
+           'model_config_for', 'resumed_batch', 'build_model', 'restore_run', 'already_done', 'open_checkpoints',
+           'describe_run', 'train', 'eval_sampler', 'summarize', 'publish_run', 'report', 'inspect_run',
+           'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #e65ad816
 @dataclass(frozen=True)
@@ -145,6 +148,31 @@ def saved_run(resume_from: str | Path | None, cloud: Destination | None = None, 
 # %% ../nbs/08a_run.ipynb #9425daa2
 SAMPLE_TOKENS = 500_000  # streaming: the prefix of the training split that gives the unigram baseline
 
+def private_tokens(source: TextSource, tokenizer: Tokenizer, workers: int) -> np.ndarray:
+    "The training split's tokens built by this process in a temporary folder, removed before they are used."
+    folder = tempfile.mkdtemp(prefix="tiny_lm_cache_")
+    try:
+        tokens = load_tokens(source, "train", tokenizer, folder, workers)
+        return tokens if os.name == "posix" else np.array(tokens)  # a mapped file outlives its name on POSIX only
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+def shared_tokens(source: TextSource, tokenizer: Tokenizer, cache: Path, workers: int) -> tuple[np.ndarray, str]:
+    ("The training split's tokens, cached by process 0 in `cache`; the others map that file where the folder is "
+     "shared, else build their own; returns them and where they are.")
+    def build() -> dict:
+        tokens = load_tokens(source, "train", tokenizer, cache, workers)
+        return {"name": Path(tokens.filename).name, "bytes": tokens.nbytes}
+    made = on_main_process(build)
+    mine = token_cache_path(source, "train", tokenizer, cache)  # its name: the data's and the tokenizer's fingerprint
+    if mine.name == made["name"] and mine.is_file() and mine.stat().st_size == made["bytes"]:
+        tokens, where = load_tokens(source, "train", tokenizer, cache, workers), str(cache)
+    else:  # this host does not see process 0's folder (or reads other data): its own copy, gone with the process
+        tokens, where = private_tokens(source, tokenizer, workers), "memory mapped from a removed temporary file"
+    check_processes_agree(str(len(tokens)), "count of training tokens",
+                          "give every host the same data (same files, same --dataset-id and settings)")
+    return tokens, where
+
 class PreparedData(NamedTuple):
     "The batches a run trains on and what it knows about them."
     batches: Batches | StreamingBatches  # this process's rows of every global batch
@@ -164,11 +192,10 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
     val_targets, vocab = np.concatenate(val_batches)[:, 1:].ravel(), tokenizer.get_vocab_size()
     streaming = source.streams_by_default if data_cfg.streaming is None else data_cfg.streaming
     if not streaming:
-        cache = out / "cache" if process["process_index"] == 0 else Path(tempfile.mkdtemp())  # one writer per folder
-        tokens = load_tokens(source, "train", tokenizer, cache, data_cfg.workers)
+        tokens, where = shared_tokens(source, tokenizer, out / "cache", data_cfg.workers)
         batches = Batches(tokens, seq_len, B, train_cfg.seed, data_cfg.stride, **process)
         return PreparedData(batches, val_batches, unigram_loss(tokens, val_targets, vocab), batches.steps_per_epoch,
-                            f"cached: {len(tokens):,} train tokens in {cache}; {source.val_description}")
+                            f"cached: {len(tokens):,} train tokens in {where}; {source.val_description}")
     sample = first_tokens(source, "train", tokenizer, SAMPLE_TOKENS)
     if len(sample) < seq_len + 1:
         raise TinyLMError(f"the training split has only {len(sample)} tokens, fewer than one window of --seq-len + 1 = "
@@ -185,9 +212,23 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
 # %% ../nbs/08a_run.ipynb #8930ab1b
 def prepare_tokenizer(source: TextSource, tok_cfg: TokenizerConfig, out: Path, given: Path | None, retrain: bool,
                       expect_vocab_size: int | None, say=print) -> tuple[Tokenizer, str]:
-    "Reuse, copy or train the tokenizer, kept as out/tokenizer.json; returns it and a line saying which."
-    target = out / "tokenizer.json" if jax.process_index() == 0 else Path(tempfile.mkdtemp()) / "tokenizer.json"
-    if given is not None:  # other processes of a multi-host run keep theirs in a scratch folder
+    ("Process 0 reuses, copies or trains the tokenizer, kept as out/tokenizer.json, and hands it to every process; "
+     "returns it and a line saying which.")
+    made = {}
+    def make() -> dict:
+        made["tokenizer"], how = main_tokenizer(source, tok_cfg, out, given, retrain, expect_vocab_size, say)
+        return {"json": made["tokenizer"].to_str(), "how": how}
+    reply = on_main_process(make)
+    tokenizer = made["tokenizer"] if made else Tokenizer.from_str(reply["json"])
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    check_processes_agree(fingerprint, "tokenizer", "install the same tokenizers version on every host")
+    return tokenizer, reply["how"] if made else f"tokenizer {fingerprint} received from process 0"
+
+def main_tokenizer(source: TextSource, tok_cfg: TokenizerConfig, out: Path, given: Path | None, retrain: bool,
+                   expect_vocab_size: int | None, say=print) -> tuple[Tokenizer, str]:
+    "Copy `given` to out/tokenizer.json, or reuse or train the one there; returns it and a line saying which."
+    target = out / "tokenizer.json"
+    if given is not None:
         tokenizer = load_tokenizer(given)
         if given.resolve() != target.resolve():
             shutil.copyfile(given, target)
