@@ -1,4 +1,5 @@
 """The `tiny-lm` command end to end, in subprocesses, on the fixtures in tests/data/."""
+import hashlib
 import json
 import math
 import os
@@ -68,6 +69,25 @@ def test_train_writes_the_seed_layout(trained):
     assert summary["total_steps"] == 80 and summary["total_tokens"] == 80 * 8 * 32
     assert summary["final_val_loss"] < summary["unigram_val_loss"]
     assert "--- sample ---" in r.stdout and "trained tokenizer" in r.stdout
+
+
+def test_another_architecture_is_refused_naming_each_field_and_nothing_changes(trained):
+    """The CLI and the Python API, pointed at a finished run with another model: one error, every byte as it was."""
+    out, _ = trained
+    digest = lambda: {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+    before = digest()
+    changes = "d_model saved 32, given 64; n_layer saved 1, given 2; d_ff saved 128, given 192"
+    r = tiny_lm("train", "--output-dir", str(out), "--d-model", "64", "--num-layers", "2")
+    assert r.returncode == 2 and [line for line in r.stderr.splitlines() if line.startswith("error: ")] == [
+        f"error: cannot continue {out} with another architecture: {changes}: leave those flags out to continue it, "
+        "or pass another --output-dir (or --overwrite) to start a new run"], r.stderr
+    code = ("from tiny_lm import Trainer, ModelConfig\n"
+            f"Trainer(ModelConfig(seq_len=32, d_model=64, n_layer=2, n_head=2), output_dir={str(out)!r}).fit()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        f"tiny_lm.tokenizer.TinyLMError: cannot continue {out} with another architecture: {changes}: leave the model "
+        "settings out to continue it, or pass another output_dir (or overwrite=True) to start a new run"), r.stderr
+    assert digest() == before
 
 
 def test_generate_prints_text(trained):

@@ -27,10 +27,11 @@ from .model import ModelConfig, Transformer
 from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
-__all__ = ['STEP_PREFIX', 'step_of', 'saved_state', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore',
-           'restore', 'set_aside', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights',
-           'base_fingerprint', 'base_reference', 'find_base', 'LoadedRun', 'load_run', 'load_checkpoint',
-           'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
+__all__ = ['STEP_PREFIX', 'RESUMABLE_FIELDS', 'ARCHITECTURE_FIX', 'step_of', 'saved_state', 'Checkpointer', 'DataStateHandler',
+           'DataStateSave', 'DataStateRestore', 'restore', 'set_aside', 'architecture_changes', 'check_architecture',
+           'check_fits', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights', 'base_fingerprint',
+           'base_reference', 'find_base', 'LoadedRun', 'load_run', 'load_checkpoint', 'committed_steps',
+           'clear_old_checkpoints', 'checkpoint_folders']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -208,18 +209,20 @@ def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | No
     if not candidates:
         raise TinyLMError(f"no checkpoint in {ckpt.directory}: "
                           f"train first with tiny-lm train --output-dir {ckpt.directory}")
+    targets = {"model": _targets(saved_state(model))}
+    if optimizer is not None:
+        targets["optimizer"] = _targets(nnx.state(optimizer))
     errors = []
     for s in candidates:
-        items = dict(model=ocp.args.StandardRestore(_targets(saved_state(model))), meta=ocp.args.JsonRestore())
-        if optimizer is not None:
-            items["optimizer"] = ocp.args.StandardRestore(_targets(nnx.state(optimizer)))
+        items = {k: ocp.args.StandardRestore(v) for k, v in targets.items()} | {"meta": ocp.args.JsonRestore()}
         if (ckpt.directory / f"{STEP_PREFIX}_{s}" / "data").is_dir():
             items["data"] = DataStateRestore()
         try:
             restored = ckpt.manager.restore(s, args=ocp.args.Composite(**items))
         except TinyLMError:
             raise
-        except Exception as e:  # a damaged step: note it and try the previous one
+        except Exception as e:  # damaged, unless the step holds another model: that is no damage (raises)
+            check_fits(ckpt, s, targets, getattr(model, "cfg", None))
             errors.append((s, type(e).__name__))
             continue
         nnx.update(model, restored["model"])
@@ -245,6 +248,58 @@ def set_aside(directory: Path, steps: list[int]) -> list[Path]:
         src.rename(dst)
         moved.append(dst)
     return moved
+
+# %% ../nbs/06_checkpoint.ipynb #e61c23fa
+RESUMABLE_FIELDS = ("dtype", "dropout_rate", "attention")  # a continued run may change these: no array depends on them
+ARCHITECTURE_FIX = ("leave the model settings out to continue it, or pass another output_dir (or overwrite=True) "
+                    "to start a new run")
+
+def architecture_changes(saved: dict, given: ModelConfig, ignore: tuple = ()) -> list[str]:
+    "Each architecture field where `given` differs from the `saved` model record, as 'field saved X, given Y'."
+    recorded, skip = ModelConfig.from_dict(saved), {*RESUMABLE_FIELDS, *ignore}
+    return [f"{f.name} saved {getattr(recorded, f.name)}, given {getattr(given, f.name)}"
+            for f in dataclasses.fields(ModelConfig)
+            if f.name not in skip and getattr(recorded, f.name) != getattr(given, f.name)]
+
+def check_architecture(saved: dict, given: ModelConfig, where, fix: str = ARCHITECTURE_FIX, ignore: tuple = ()) -> None:
+    "One error naming every architecture field where `given` differs from the run `where` recorded (`saved`)."
+    if changes := architecture_changes(saved, given, ignore):
+        raise TinyLMError(f"cannot continue {where} with another architecture: {'; '.join(changes)}: {fix}")
+
+def _shapes(tree) -> dict[str, tuple]:
+    "Array name -> shape, for a state's targets and for a step's array metadata alike (their keys differ in kind)."
+    key = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+    return {".".join(map(key, path)): tuple(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+def _shape_changes(step_dir: Path, targets: dict) -> list[str]:
+    "Where the arrays saved in `step_dir` differ from `targets` (item -> targets); reading them may raise: damage."
+    changes = []
+    for item, target in targets.items():
+        saved, given = _shapes(ocp.StandardCheckpointHandler().metadata(step_dir / item)), _shapes(target)
+        changes += [f"{item}.{name} saved {saved.get(name, 'nothing')}, given {given.get(name, 'nothing')}"
+                    for name in sorted(saved.keys() | given.keys()) if saved.get(name) != given.get(name)]
+    return changes
+
+def _read_meta(ckpt: Checkpointer, step: int) -> dict:
+    return ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+def check_fits(ckpt: Checkpointer, step: int, targets: dict, cfg: ModelConfig | None = None) -> None:
+    ("After a failed read of `step`: an error naming the difference when it holds another architecture or other "
+     "arrays than `targets` (a mismatch, not damage); returns when the step is readable as far as that goes.")
+    step_dir = ckpt.directory / f"{STEP_PREFIX}_{step}"
+    try:
+        saved = _read_meta(ckpt, step).get("config", {}).get("model")
+    except Exception:  # an unreadable record: damage
+        saved = None
+    if saved is not None and cfg is not None:
+        check_architecture(saved, cfg, step_dir, "restore it into the model its run recorded, or start a new run")
+    try:
+        changes = _shape_changes(step_dir, targets)
+    except Exception:  # unreadable array metadata: damage
+        return
+    if changes:
+        raise TinyLMError(f"{step_dir} holds other arrays than the model and optimizer given ({'; '.join(changes[:4])}"
+                          f"{'; ...' if len(changes) > 4 else ''}): it is not damaged; build them as its run did")
 
 # %% ../nbs/06_checkpoint.ipynb #3e95cc50
 def best_step(ckpt: Checkpointer) -> int | None:
@@ -329,9 +384,6 @@ def _warn_damaged(root: Path, damaged: list, used: int) -> None:
         names = ", ".join(f"{STEP_PREFIX}_{d} ({why})" for d, why in new)
         print(f"warning: {names} in {root} cannot be read (damaged): using step {used} instead", file=sys.stderr)
 
-def _read_meta(ckpt: Checkpointer, step: int) -> dict:
-    return ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-
 def run_meta(path: str | Path) -> tuple[Path, int, dict]:
     ("`(run folder, step, meta record)` of a run folder's newest readable step, "
      "or of the checkpoint_step_N folder `path` names.")
@@ -347,8 +399,12 @@ def restore_weights(path: str | Path, model: Transformer) -> dict:
         if ModelConfig.from_dict(_read_meta(ckpt, step)["config"]["model"]).lora_rank:
             raise TinyLMError(f"{ckpt.directory} is a LoRA run, not a base model: start from its merged model instead "
                               f"(train it with --merge-lora and use {ckpt.directory / 'merged'})")
-        return ckpt.manager.restore(
-            step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(base))))["model"]
+        try:
+            return ckpt.manager.restore(
+                step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(base))))["model"]
+        except Exception:
+            check_fits(ckpt, step, {"model": _targets(base)})  # another model's weights are no damage: say so
+            raise
     root, step, restored, _ = _newest_readable(path, read)
     nnx.update(model, restored)
     return {"path": str(root), "step": step}

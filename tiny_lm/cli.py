@@ -26,8 +26,8 @@ from .generate import check_sampling, evaluate_text, generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
 from .profiles import Plan, device_memory, match_hardware, plan_run, steps_per_call_dividing
-from .run import (RunConfig, Trainer, describe_inspection, duration, inspect_run, mesh_devices, recorded_model,
-                         resolve_resume, saved_run, split_cpu)
+from .run import (RunConfig, Trainer, check_continued_model, describe_inspection, duration, inspect_run,
+                         mesh_devices, recorded_model, resolve_resume, saved_run, split_cpu)
 from .sizing import PRESETS, preset_config, size_report, target_config
 from .tokenizer import TinyLMError, TokenizerConfig, load_tokenizer
 from .train import Interrupted, TrainConfig
@@ -107,13 +107,16 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
     _check_lora_flags(args, saved)
     ModelConfig(**{k: v for k, v in model.items() if k in ("dropout_rate", "dtype", "attention", "lora_alpha")})  # now
     if saved:  # precision, dropout and the attention kernel may change on resume; the shapes may not
-        fixed = {k: v for k, v in model.items() if k not in ("dtype", "dropout_rate", "attention")}
-        changed = [k for k, v in fixed.items() if saved["model"].get(k) != v]
-        if changed or args.model_preset or args.target_params:
-            raise TinyLMError(f"cannot change the architecture of a resumed run "
-                              f"({', '.join(changed) or '--model-preset'}): leave those flags out, or start a new run "
-                              "in another --output-dir")
+        _check_resumed_model(args, saved)
     return data, tok, model, train
+
+def _check_resumed_model(args, saved: dict) -> None:
+    "The model the flags describe for a resumed run, checked as the Python API checks it (08a_run), before slow work."
+    whole = args.model_preset or args.target_params  # a whole shape: compared as it is, not laid over the recorded one
+    cfg = model_from_args(args, saved["model"]["vocab_size"], base=None if whole else recorded_model(saved, None))
+    check_continued_model(saved, cfg, args.resume_from or args.output_dir,
+                          "leave those flags out to continue it, or pass another --output-dir (or --overwrite) to "
+                          "start a new run")
 
 def _check_lora_flags(args, saved: dict) -> None:
     "The LoRA flags go with --use-lora, and --use-lora with a base run."

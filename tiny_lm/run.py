@@ -23,9 +23,10 @@ import numpy as np
 from flax import nnx
 from tokenizers import Tokenizer
 
-from .checkpoint import (STEP_PREFIX, Checkpointer, base_fingerprint, base_reference, best_step,
-                                checkpoint_folders, clear_old_checkpoints, committed_steps, find_base, load_run,
-                                publish, restore, restore_weights, run_meta, set_aside)
+from .checkpoint import (ARCHITECTURE_FIX, STEP_PREFIX, Checkpointer, base_fingerprint, base_reference,
+                                best_step, check_architecture, checkpoint_folders, clear_old_checkpoints,
+                                committed_steps, find_base, load_run, publish, restore, restore_weights, run_meta,
+                                set_aside)
 from .copies import Destination, Mirror, check_destination, destination, fetch_run, is_url, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
                           open_source, token_cache_path, unigram_loss)
@@ -43,13 +44,13 @@ from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_
 from .train import TrainConfig, fit, in_notebook, init_model, peak_flops, use_compile_cache
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'private_tokens', 'shared_tokens',
-           'PreparedData', 'prepare_data', 'prepare_tokenizer', 'main_tokenizer', 'mesh_devices', 'run_mesh',
-           'split_cpu', 'warn_if_too_big', 'load_base', 'write_merged', 'recorded_model', 'carry_metrics',
-           'close_copies', 'duration', 'RunState', 'Trainer', 'open_run', 'prepare_data_and_tokenizer',
-           'model_config_for', 'resumed_batch', 'build_model', 'restore_run', 'already_done', 'open_checkpoints',
-           'describe_run', 'train', 'eval_sampler', 'summarize', 'publish_run', 'report', 'inspect_run',
-           'describe_inspection']
+__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'check_continued_model',
+           'continued_configs', 'private_tokens', 'shared_tokens', 'PreparedData', 'prepare_data', 'prepare_tokenizer',
+           'main_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big', 'load_base', 'write_merged',
+           'recorded_model', 'carry_metrics', 'close_copies', 'duration', 'RunState', 'Trainer', 'open_run',
+           'prepare_data_and_tokenizer', 'model_config_for', 'resumed_batch', 'build_model', 'restore_run',
+           'already_done', 'open_checkpoints', 'describe_run', 'train', 'eval_sampler', 'summarize', 'publish_run',
+           'report', 'inspect_run', 'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #e65ad816
 @dataclass(frozen=True)
@@ -144,6 +145,24 @@ def saved_run(resume_from: str | Path | None, cloud: Destination | None = None, 
         raise TinyLMError(f"--resume-from {root} holds no checkpoint: train first, "
                           "or leave --resume-from out") from None
     return meta["config"], root
+
+# %% ../nbs/08a_run.ipynb #9cfb90b7
+def check_continued_model(saved: dict, model_config: ModelConfig | Callable | None, where,
+                          fix: str = ARCHITECTURE_FIX) -> None:
+    "One error naming each field where the model given differs from the architecture the run `where` recorded."
+    if model_config is None or not saved:
+        return  # the recorded model is built
+    cfg = model_config(saved["model"]["vocab_size"]) if callable(model_config) else model_config
+    check_architecture(saved["model"], cfg, where, fix, ignore=("vocab_size",))  # the tokenizer decides vocab_size
+
+def continued_configs(saved: dict, model_config: ModelConfig | Callable | None, train_config: TrainConfig | None,
+                      data_config: DataConfig | None, where=None) -> tuple:
+    "`(model, train, data)` configs a run starts or continues with: those given, else the recorded ones (or defaults)."
+    if not saved:
+        return model_config, train_config or TrainConfig(), data_config or DataConfig()
+    check_continued_model(saved, model_config, where)
+    train = train_config or TrainConfig.from_dict(saved["train"])
+    return model_config, train, data_config or DataConfig(**saved["data"])
 
 # %% ../nbs/08a_run.ipynb #9425daa2
 SAMPLE_TOKENS = 500_000  # streaming: the prefix of the training split that gives the unigram baseline
@@ -396,16 +415,20 @@ class Trainer:
         **run_settings,  # any RunConfig field, as a shortcut: Trainer(..., mesh="data=8", progress=False)
     ):
         self.say = print if is_main_process() else (lambda *a, **k: None)
+        given = {"output_dir": output_dir} if output_dir is not None else {}
+        self.run = resolve_resume(replace(run or RunConfig(), **given, **run_settings), self.say)
         self.profile = plan_run(profile) if isinstance(profile, str) else profile
+        if self.profile is not None and self.run.resume_from is not None:
+            self.say(f"note: the {self.profile.profile} profile plans new runs; this resumed run keeps its settings")
+            self.profile = None
         if self.profile is not None:
             model_config = model_config or self.profile.model_config
             train_config = train_config or self.profile.train_config()
-        self.model_config, self.train_config = model_config, train_config or TrainConfig()
-        self.data_config, self.tokenizer_config = data_config or DataConfig(), tokenizer_config or TokenizerConfig()
+        self.given = (model_config, train_config, data_config)  # None: the recorded one, for a run that continues
+        self.model_config, self.train_config, self.data_config = continued_configs({}, *self.given)  # open_run: resumed
+        self.tokenizer_config = tokenizer_config or TokenizerConfig()
         asked = tokenizer_config is not None and not tokenizer_config.auto_vocab_size
         self.expect_vocab_size = tokenizer_config.vocab_size if asked else None
-        given = {"output_dir": output_dir} if output_dir is not None else {}
-        self.run = resolve_resume(replace(run or RunConfig(), **given, **run_settings), self.say)
         self.output_dir = Path(self.run.output_dir)
         eval_samples = self.run.eval_sample_tokens
         self.eval_sample_tokens = (32 if in_notebook() else 0) if eval_samples is None else eval_samples
@@ -434,6 +457,7 @@ def open_run(t: Trainer) -> RunState:
     started = time.perf_counter()
     use_compile_cache(t.run.compile_cache)  # before anything compiles
     saved, resume_from = saved_run(t.run.resume_from, t.run.cloud, t.say)
+    t.model_config, t.train_config, t.data_config = continued_configs(saved, *t.given, resume_from)
     run_id = saved.get("run_id") or uuid.uuid4().hex  # a resumed run keeps its id: its copies are recognised as its own
     if is_main_process():
         for dest in t.run.copies:  # a wrong bucket or an unreachable endpoint fails now, not after an hour of training
