@@ -79,8 +79,8 @@ _HELP = {
     "grad_clip": "clip gradients to this global norm; 0 disables (default: 1.0)",
     "max_steps": "optimizer steps to train; resuming with the same length is exact, and another (training a finished "
                  "run further) keeps the saved schedule up to the resume step, then re-warms from the rate in force "
-                 "there to the peak at the warm-up's slope and decays to the end rate at the new total: the rate never "
-                 "jumps (default: 600)",
+                 "there at the warm-up's slope (to the peak, for at most a tenth of the new steps) and decays to the "
+                 "end rate at the new total: the rate never jumps (default: 600)",
     "epochs": "passes over the training data instead of --max-steps (default: none)",
     "eval_every": "steps between validation evaluations (default: 100)",
     "eval_batches": "validation batches per evaluation (default: 10)",

@@ -123,14 +123,14 @@ def new_schedule(cfg: TrainConfig, total_steps: int) -> dict:
     w, peak = warmup_for(cfg, total_steps), cfg.learning_rate
     segment = dict(start=0, start_lr=peak / max(w, 1), warmup_steps=max(w - 1, 0), peak_lr=peak,
                    end_lr=peak * cfg.min_lr_ratio, total_steps=total_steps)
-    return dict(warmup_steps=w, total_steps=total_steps, segments=[segment])
+    return dict(warmup_steps=w, total_steps=total_steps, peak_lr=peak, end_lr=segment["end_lr"], segments=[segment])
 
 def legacy_schedule(cfg: TrainConfig, total_steps: int) -> dict:
     "The schedule of a run saved before runs recorded one: warm-up from 0 (the first update at 0), cosine to the end."
     w, peak = min(cfg.warmup_steps, max(total_steps - 1, 0)), cfg.learning_rate
     segment = dict(start=0, start_lr=0.0, warmup_steps=w, peak_lr=peak, end_lr=peak * cfg.min_lr_ratio,
                    total_steps=total_steps + 1)  # optax's cosine reached its end one update later
-    return dict(warmup_steps=w, total_steps=total_steps, segments=[segment])
+    return dict(warmup_steps=w, total_steps=total_steps, peak_lr=peak, end_lr=segment["end_lr"], segments=[segment])
 
 def _segment_rates(seg: dict) -> optax.Schedule:
     "One segment, counted from its start: linear from `start_lr` to `peak_lr`, then a cosine to `end_lr`."
@@ -153,19 +153,21 @@ def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
 # %% ../nbs/04_train.ipynb #621f563a
 def continue_schedule(saved: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
     ("The schedule of a run resumed at step `start` for `total_steps`: the saved one if its length and rates are "
-     "unchanged (an exact resume); else a new segment from `start` that re-warms from the rate in force there to "
-     "`learning_rate` at the saved warm-up's slope, then decays along a cosine to the end rate at `total_steps`.")
-    last, peak = saved["segments"][-1], cfg.learning_rate
-    end = peak * cfg.min_lr_ratio
-    if saved["total_steps"] == total_steps and (last["peak_lr"], last["end_lr"]) == (peak, end):
+     "unchanged (an exact resume); else a new segment from `start` that re-warms from the rate in force there at the "
+     "saved warm-up's slope, for at most a tenth of the new steps (to `learning_rate`, or less on a short "
+     "continuation), then decays along a cosine to the end rate at `total_steps`.")
+    peak, end = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
+    if (saved["total_steps"], saved["peak_lr"], saved["end_lr"]) == (total_steps, peak, end):
         return saved
     rate = float(schedule_fn(saved)(start))
     w = saved["warmup_steps"] or warmup_for(cfg, total_steps)
     # float32 rates: 1e-3 keeps an exact step count (a resume inside the warm-up) from rounding up
-    rise = min(max(0, math.ceil(w * (1 - rate / peak) - 1e-3)), max(total_steps - 1 - start, 0))
-    segment = dict(start=start, start_lr=rate, warmup_steps=rise, peak_lr=peak, end_lr=end, total_steps=total_steps)
+    needed = max(0, math.ceil(w * (1 - rate / peak) - 1e-3))
+    rise = min(needed, max(1, (total_steps - start) // 10))
+    top = peak if rise == needed else rate + rise * peak / w
+    segment = dict(start=start, start_lr=rate, warmup_steps=rise, peak_lr=top, end_lr=end, total_steps=total_steps)
     kept = [s for s in saved["segments"] if s["start"] < start]
-    return dict(saved, total_steps=total_steps, segments=[*kept, segment])
+    return dict(saved, total_steps=total_steps, peak_lr=peak, end_lr=end, segments=[*kept, segment])
 
 # %% ../nbs/04_train.ipynb #849dccab
 def decay_mask(params) -> object:
