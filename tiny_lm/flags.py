@@ -75,9 +75,12 @@ _HELP = {
     "learning_rate": "peak learning rate after warmup (default: the --profile's: 3e-3 on a CPU, scaled as 1 / "
                      "--d-model from the tiny preset's 3e-3 at width 128 elsewhere)",
     "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
-    "warmup_steps": "linear warmup steps (default: 50)",
+    "warmup_steps": "linear warmup steps, at most a tenth of the run (default: 50)",
     "grad_clip": "clip gradients to this global norm; 0 disables (default: 1.0)",
-    "max_steps": "optimizer steps to train (default: 600)",
+    "max_steps": "optimizer steps to train; resuming with the same length is exact, and another (training a finished "
+                 "run further) keeps the saved schedule up to the resume step, then re-warms from the rate in force "
+                 "there at the warm-up's slope (to the peak, for at most a tenth of the new steps) and decays to the "
+                 "end rate at the new total: the rate never jumps (default: 600)",
     "epochs": "passes over the training data instead of --max-steps (default: none)",
     "eval_every": "steps between validation evaluations (default: 100)",
     "eval_batches": "validation batches per evaluation (default: 10)",

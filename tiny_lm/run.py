@@ -41,7 +41,8 @@ from .profiles import Plan, device_memory, plan_run
 from .sizing import TOKENS_PER_PARAM, param_count, preset_config, size_report
 from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
-from .train import TrainConfig, fit, in_notebook, init_model, peak_flops, use_compile_cache
+from .train import (TrainConfig, continue_schedule, fit, in_notebook, init_model, legacy_schedule,
+                           new_schedule, peak_flops, set_schedule, use_compile_cache)
 
 # %% auto #0
 __all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'check_continued_model',
@@ -49,8 +50,8 @@ __all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', '
            'main_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big', 'load_base', 'write_merged',
            'recorded_model', 'carry_metrics', 'close_copies', 'duration', 'RunState', 'Trainer', 'open_run',
            'prepare_data_and_tokenizer', 'model_config_for', 'resumed_batch', 'build_model', 'restore_run',
-           'already_done', 'open_checkpoints', 'describe_run', 'train', 'eval_sampler', 'summarize', 'publish_run',
-           'report', 'inspect_run', 'describe_inspection']
+           'already_done', 'saved_schedule', 'schedule_run', 'open_checkpoints', 'describe_run', 'train',
+           'eval_sampler', 'summarize', 'publish_run', 'report', 'inspect_run', 'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #e65ad816
 @dataclass(frozen=True)
@@ -352,7 +353,8 @@ def recorded_model(saved: dict, init: tuple | None) -> ModelConfig | None:
 
 # %% ../nbs/08a_run.ipynb #da74ee88
 def carry_metrics(src: Path, dst: Path, step: int) -> None:
-    "A run resumed into a new folder (from a backup, a bucket) starts its metrics.jsonl with the history up to `step`."
+    ("A resumed run's metrics.jsonl (`dst`): the history in `src` up to `step`, the step it resumed from (steps logged "
+     "after that step's save run again, and are logged once).")
     if not src.exists():
         return
     def upto(line: str) -> bool:
@@ -360,7 +362,9 @@ def carry_metrics(src: Path, dst: Path, step: int) -> None:
             return json.loads(line)["step"] <= step
         except (ValueError, KeyError, TypeError):  # a line cut short by the crash
             return False
-    dst.write_text("".join(line + "\n" for line in src.read_text().splitlines() if upto(line)))
+    kept = dst.with_name(dst.name + ".tmp")  # src may be dst: replaced whole, never half written
+    kept.write_text("".join(line + "\n" for line in src.read_text().splitlines() if upto(line)))
+    kept.replace(dst)
 
 def close_copies(mirrors: list[Mirror], say=print, timeout: float | None = None) -> list[dict]:
     "Wait for the copies in flight (at most `timeout` seconds), say where the run was copied, and return their records."
@@ -439,6 +443,7 @@ class Trainer:
         prepare_data_and_tokenizer(self, state)
         build_model(self, state)
         restore_run(self, state)
+        schedule_run(self, state)
         if state.start >= state.total_steps:
             return already_done(self, state)
         open_checkpoints(self, state)
@@ -549,6 +554,25 @@ def already_done(t: Trainer, s: RunState) -> dict:
     done = t.output_dir / "training_summary.json"
     return json.loads(done.read_text()) if done.exists() else {"total_steps": s.start}
 
+# %% ../nbs/08a_run.ipynb #09ee61c4
+def saved_schedule(saved: dict, total_steps: int) -> dict:
+    "The schedule a resumed run trained with: recorded, or rebuilt from the settings of a run saved before runs did."
+    if "schedule" in saved:
+        return saved["schedule"]
+    train = TrainConfig.from_dict(saved["train"])
+    length = train.max_steps if train.epochs is None else total_steps  # an epochs run's length was not recorded
+    return legacy_schedule(train, length)
+
+def schedule_run(t: Trainer, s: RunState) -> None:
+    ("The run's learning rates: a new run's schedule, or a resumed run's continued from its step "
+     "(04_train's `continue_schedule`: the same length resumes exactly, another never jumps); recorded with the run.")
+    if s.resume_from is None:
+        s.config["schedule"] = new_schedule(s.train_cfg, s.total_steps)  # what init_model gave the optimizer
+        return
+    s.config["schedule"] = continue_schedule(saved_schedule(s.saved, s.total_steps), s.train_cfg, s.start,
+                                             s.total_steps)
+    set_schedule(s.optimizer, s.train_cfg, s.config["schedule"])
+
 # %% ../nbs/08a_run.ipynb #9ca6b251
 def open_checkpoints(t: Trainer, s: RunState) -> None:
     "The run's checkpointer and its copies, model_config.json, and the metrics file (a new run's starts afresh)."
@@ -563,10 +587,11 @@ def open_checkpoints(t: Trainer, s: RunState) -> None:
         for mirror in s.ckpt.copies:  # a copy cut short by the crash is made again (a complete one is left as it is)
             mirror.submit(f"{STEP_PREFIX}_{s.start}")
     (out / "model_config.json").write_text(json.dumps(s.model_cfg.to_dict(), indent=2))
+    metrics = out / "metrics.jsonl"
     if s.start == 0:
-        (out / "metrics.jsonl").unlink(missing_ok=True)  # a new run's metrics start afresh; a resumed run appends
-    elif not (out / "metrics.jsonl").exists():
-        carry_metrics(s.resume_from / "metrics.jsonl", out / "metrics.jsonl", s.start)
+        metrics.unlink(missing_ok=True)  # a new run's metrics start afresh
+    else:  # a resumed run appends after its step: a crash may have logged steps past the last save (run again now)
+        carry_metrics(metrics if metrics.exists() else s.resume_from / "metrics.jsonl", metrics, s.start)
 
 def describe_run(t: Trainer, s: RunState) -> None:
     "Three lines before the first step: the model and data, the mesh and effective batch, the compute."
@@ -594,7 +619,8 @@ def train(t: Trainer, s: RunState):
             return fit(s.model, s.optimizer, s.data.batches, s.train_cfg, s.total_steps, val_batches=s.data.val_batches,
                        start_step=s.start, put=batch_put(s.mesh), val_put=global_put(s.mesh), checkpoint=s.ckpt,
                        progress=t.run.progress and main, log=t.say, output_dir=out if main else None,
-                       peak=peak_flops(s.model_cfg.dtype), on_eval=eval_sampler(t, s.tokenizer))
+                       peak=peak_flops(s.model_cfg.dtype), on_eval=eval_sampler(t, s.tokenizer),
+                       schedule=s.config["schedule"])
         finally:
             s.ckpt.wait()
             if isinstance(s.data.batches, StreamingBatches):

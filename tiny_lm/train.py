@@ -34,10 +34,12 @@ from .sizing import flops_per_token
 from .tokenizer import TinyLMError
 
 # %% auto #0
-__all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'lr_schedule', 'decay_mask',
-           'make_optimizer', 'clip_or_skip', 'init_model', 'loss_fn', 'chunked_cross_entropy', 'compiler_options',
-           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'cpu_peak_flops',
-           'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
+__all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'warmup_for',
+           'new_schedule', 'legacy_schedule', 'schedule_fn', 'lr_schedule', 'continue_schedule', 'decay_mask',
+           'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn', 'chunked_cross_entropy',
+           'compiler_options', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache',
+           'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals',
+           'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1  # micro-batches summed into one optimizer step
     learning_rate: float = 3e-3  # peak learning rate, reached after warmup
     min_lr_ratio: float = 0.1  # the cosine decays to learning_rate × min_lr_ratio
-    warmup_steps: int = 50  # linear warmup from 0
+    warmup_steps: int = 50  # linear warmup steps, at most a tenth of the run (`warmup_for`)
     weight_decay: float = 0.1  # AdamW decoupled decay on projection matrices, not embeddings or norms (`decay_mask`)
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.95  # AdamW second-moment decay
@@ -110,23 +112,75 @@ def _check_train_config(cfg: TrainConfig) -> None:
     if cfg.learning_rate <= 0:
         raise TinyLMError(f"--learning-rate must be positive, got {cfg.learning_rate}")
 
-# %% ../nbs/04_train.ipynb #849dccab
-def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
-    "Linear warmup to `learning_rate`, then cosine decay to `learning_rate × min_lr_ratio` at `total_steps`."
-    warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=warmup,
-        decay_steps=max(total_steps, warmup + 1), end_value=cfg.learning_rate * cfg.min_lr_ratio)
+# %% ../nbs/04_train.ipynb #bda2fb14
+def warmup_for(cfg: TrainConfig, total_steps: int) -> int:
+    "The warm-up of a run of `total_steps`: `warmup_steps`, but at most a tenth of the run (and at least one step)."
+    return min(cfg.warmup_steps, max(1, total_steps // 10))
 
+def new_schedule(cfg: TrainConfig, total_steps: int) -> dict:
+    ("A run's schedule from step 0, as plain JSON (checkpoints record it): warm-up from `learning_rate / w` at the "
+     "first update to `learning_rate` at update w, then a cosine to `learning_rate × min_lr_ratio` at the last.")
+    w, peak = warmup_for(cfg, total_steps), cfg.learning_rate
+    segment = dict(start=0, start_lr=peak / max(w, 1), warmup_steps=max(w - 1, 0), peak_lr=peak,
+                   end_lr=peak * cfg.min_lr_ratio, total_steps=total_steps)
+    return dict(warmup_steps=w, total_steps=total_steps, peak_lr=peak, end_lr=segment["end_lr"], segments=[segment])
+
+def legacy_schedule(cfg: TrainConfig, total_steps: int) -> dict:
+    "The schedule of a run saved before runs recorded one: warm-up from 0 (the first update at 0), cosine to the end."
+    w, peak = min(cfg.warmup_steps, max(total_steps - 1, 0)), cfg.learning_rate
+    segment = dict(start=0, start_lr=0.0, warmup_steps=w, peak_lr=peak, end_lr=peak * cfg.min_lr_ratio,
+                   total_steps=total_steps + 1)  # optax's cosine reached its end one update later
+    return dict(warmup_steps=w, total_steps=total_steps, peak_lr=peak, end_lr=segment["end_lr"], segments=[segment])
+
+def _segment_rates(seg: dict) -> optax.Schedule:
+    "One segment, counted from its start: linear from `start_lr` to `peak_lr`, then a cosine to `end_lr`."
+    decay_steps = max(seg["total_steps"] - 1 - seg["start"] - seg["warmup_steps"], 1)  # to the last update
+    decay = optax.cosine_decay_schedule(seg["peak_lr"], decay_steps, alpha=seg["end_lr"] / seg["peak_lr"])
+    if seg["warmup_steps"] == 0:
+        return decay
+    rise = optax.linear_schedule(seg["start_lr"], seg["peak_lr"], seg["warmup_steps"])
+    return optax.join_schedules([rise, decay], [seg["warmup_steps"]])
+
+def schedule_fn(schedule: dict) -> optax.Schedule:
+    "The learning rate of each update (optax's count: 0 is the first) under `schedule`: its segments joined."
+    segments = schedule["segments"]
+    return optax.join_schedules([_segment_rates(s) for s in segments], [s["start"] for s in segments[1:]])
+
+def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
+    "The learning rates of a new run of `total_steps` (`new_schedule`)."
+    return schedule_fn(new_schedule(cfg, total_steps))
+
+# %% ../nbs/04_train.ipynb #621f563a
+def continue_schedule(saved: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
+    ("The schedule of a run resumed at step `start` for `total_steps`: the saved one if its length and rates are "
+     "unchanged (an exact resume); else a new segment from `start` that re-warms from the rate in force there at the "
+     "saved warm-up's slope, for at most a tenth of the new steps (to `learning_rate`, or less on a short "
+     "continuation), then decays along a cosine to the end rate at `total_steps`.")
+    peak, end = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
+    if (saved["total_steps"], saved["peak_lr"], saved["end_lr"]) == (total_steps, peak, end):
+        return saved
+    rate = float(schedule_fn(saved)(start))
+    w = saved["warmup_steps"] or warmup_for(cfg, total_steps)
+    # float32 rates: 1e-3 keeps an exact step count (a resume inside the warm-up) from rounding up
+    needed = max(0, math.ceil(w * (1 - rate / peak) - 1e-3))
+    rise = min(needed, max(1, (total_steps - start) // 10))
+    top = peak if rise == needed else rate + rise * peak / w
+    segment = dict(start=start, start_lr=rate, warmup_steps=rise, peak_lr=top, end_lr=end, total_steps=total_steps)
+    kept = [s for s in saved["segments"] if s["start"] < start]
+    return dict(saved, total_steps=total_steps, peak_lr=peak, end_lr=end, segments=[*kept, segment])
+
+# %% ../nbs/04_train.ipynb #849dccab
 def decay_mask(params) -> object:
     "True for the arrays weight decay applies to: matrices that are not embeddings (by path)."
     def decays(path, p) -> bool:
         return p.ndim >= 2 and "embedding" not in jax.tree_util.keystr(path)
     return jax.tree_util.tree_map_with_path(decays, params)
 
-def make_optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformation:
-    "Global-norm clipping then AdamW with the schedule (decay on `decay_mask`), all skipped on non-finite gradients."
-    adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay,
+def make_optimizer(cfg: TrainConfig, total_steps: int, schedule: dict | None = None) -> optax.GradientTransformation:
+    ("Global-norm clipping then AdamW at the rates of `schedule` (default: a new run's of `total_steps`), decay on "
+     "`decay_mask`, all skipped on non-finite gradients.")
+    rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
+    adamw = optax.adamw(rates, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay,
                         mask=decay_mask)
     return clip_or_skip(adamw, cfg.grad_clip)
 
@@ -153,11 +207,17 @@ def clip_or_skip(inner: optax.GradientTransformation, max_norm: float) -> optax.
     return optax.GradientTransformation(reference.init, update)
 
 # %% ../nbs/04_train.ipynb #0770f991
-def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int) -> tuple[Transformer, nnx.Optimizer]:
-    "A freshly initialized model and its optimizer."
+def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
+               schedule: dict | None = None) -> tuple[Transformer, nnx.Optimizer]:
+    "A freshly initialized model and its optimizer (at the rates of `schedule`, default a new run's)."
     model = Transformer(model_cfg, rngs=nnx.Rngs(train_cfg.seed))
     wrt = nnx.LoRAParam if model_cfg.lora_rank else nnx.Param  # LoRA: the adapters alone train
-    return model, nnx.Optimizer(model, make_optimizer(train_cfg, total_steps), wrt=wrt)
+    return model, nnx.Optimizer(model, make_optimizer(train_cfg, total_steps, schedule), wrt=wrt)
+
+def set_schedule(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict) -> None:
+    ("Give `optimizer` the rates of `schedule` (a resumed run's, known once its step is restored): the state's layout "
+     "does not depend on the schedule, so a restored state stays valid.")
+    optimizer.tx = make_optimizer(cfg, schedule["total_steps"], schedule)
 
 def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None,
             chunked: bool | None = None) -> jax.Array:
@@ -255,6 +315,13 @@ def compiler_options() -> dict:
     return dict(_cpu_options())
 
 # %% ../nbs/04_train.ipynb #c5747410
+DROPOUT_STREAM = 0x64726F70  # "drop": the key's own stream, folded in before the step
+
+def dropout_key(seed: int, step) -> jax.Array:
+    ("The dropout key of optimizer step `step`: `nnx.Rngs(seed)` draws its initialisation keys as "
+     "`fold_in(key(seed), count)`, so the step is folded into a stream of its own, not into `key(seed)`.")
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), DROPOUT_STREAM), step)
+
 def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0,
                     steps_per_call: int = 1, platform: str | None = None):
     ("A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the "
@@ -270,7 +337,7 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
     @on_mesh(layout)
     def train_step(state, batch_BT):
         model, optimizer = nnx.merge(graphdef, state)
-        key = jax.random.fold_in(jax.random.key(seed), optimizer.step[...]) if use_dropout else None
+        key = dropout_key(seed, optimizer.step[...]) if use_dropout else None
         if mesh is not None and batch_BT.shape[0] % (mesh.size * accum_steps) == 0:
             loss, grads = _data_parallel_grads(mesh, model, batch_BT, accum_steps, optimizer.wrt)
         else:
@@ -701,11 +768,13 @@ def fit(
     # redraw the loss plot below the cell as training runs (None: in a notebook, with `progress`)
     live_plot: bool | None = None,
     on_eval: Callable[[int, Transformer], None] | None = None,  # called as on_eval(step, model) after each evaluation
+    schedule: dict | None = None,  # the optimizer's schedule, for the logged rates (default: a new run's)
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K = cfg.steps_per_call
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K)
-    eval_step, schedule, val_put = make_eval_step(model, optimizer), lr_schedule(cfg, total_steps), val_put or put
+    eval_step, val_put = make_eval_step(model, optimizer), val_put or put
+    rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
     loader = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K))
     done, last_save = start_step, time.monotonic()  # `done`: the steps completed
@@ -715,7 +784,7 @@ def fit(
                 before, done = done, min(done + K, total_steps)
                 state, metrics, data_state = _fetch_and_train(run, loader, put, train_step, state, model.cfg.seq_len,
                                                               done - before, K)
-                _log_step(run, cfg, before, done, total_steps, metrics, schedule, bar, live, metrics_path)
+                _log_step(run, cfg, before, done, total_steps, metrics, rates, bar, live, metrics_path)
                 evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested,
                                                 last_save)
                 with _paused(run, metrics, evaluating or saving):

@@ -1,0 +1,74 @@
+"""The learning rate across resumes and continuations, as `tiny-lm train` logs it in metrics.jsonl (issue 27, cases 3
+and 7): one 30-step run, resumed at the same length and continued to twice its length."""
+import json
+import shutil
+
+import pytest
+
+from test_cli import SMALL, tiny_lm, without
+
+PEAK, WARMUP = 3e-3, 3  # --warmup-steps 50 on a 30-step run: at most a tenth of it
+FLAGS = [*without(SMALL, "--eval-every", "--save-every"), "--learning-rate", str(PEAK), "--warmup-steps", "50",
+         "--log-every", "1", "--eval-every", "30", "--save-every", "10"]
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def rates(out) -> dict:
+    """step -> learning rate of that step's update, and checks that no step is logged twice."""
+    train = [r for r in records(out) if "loss" in r]
+    steps = [r["step"] for r in train]
+    assert len(steps) == len(set(steps)), f"steps logged more than once: {sorted(s for s in steps if steps.count(s) > 1)}"
+    val_steps = [r["step"] for r in records(out) if "val_loss" in r]
+    assert len(val_steps) == len(set(val_steps)), val_steps
+    return {r["step"]: r["lr"] for r in train}
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """A run of 30 steps, every step logged."""
+    out = tmp_path_factory.mktemp("schedule") / "run"
+    r = tiny_lm("train", *FLAGS, "--max-steps", "30", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_short_run_warms_up_briefly_and_ends_below_the_peak(short_run):
+    lr = rates(short_run)
+    assert sorted(lr) == list(range(1, 31))
+    assert lr[1] > 0  # the first update moves the model
+    assert max(lr.values()) == pytest.approx(PEAK, rel=1e-5) and max(lr, key=lr.get) == WARMUP
+    assert lr[30] == pytest.approx(PEAK / 10, rel=1e-5)  # the cosine's end: --min-lr-ratio 0.1
+
+
+def test_resume_at_the_same_length_is_exact_and_logs_each_step_once(short_run, tmp_path):
+    """Steps 21-30 logged, then a crash before step 30's save: the resume from step 20 runs them again at the same
+    rates, and metrics.jsonl holds each step once."""
+    split = tmp_path / "split"
+    shutil.copytree(short_run, split)
+    for name in ("checkpoint_step_30", "final_checkpoint", "best_checkpoint"):
+        shutil.rmtree(split / name, ignore_errors=True)
+    r = tiny_lm("train", "--resume-from", str(split), "--output-dir", str(split), "--max-steps", "30", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "at step 20 of 30" in r.stdout
+    whole, resumed = rates(short_run), rates(split)
+    assert sorted(resumed) == list(range(1, 31))
+    assert [resumed[s] for s in range(21, 31)] == pytest.approx([whole[s] for s in range(21, 31)], rel=1e-6)
+
+
+def test_training_further_never_jumps_the_rate(short_run, tmp_path):
+    """The finished 30-step run continued to 60: from the rate in force at step 30 the rate rises at most by the warm-up's
+    slope per step back to the peak, then decays to the end rate at step 60."""
+    further = tmp_path / "further"
+    shutil.copytree(short_run, further)
+    r = tiny_lm("train", "--resume-from", str(further), "--output-dir", str(further), "--max-steps", "60", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    lr = rates(further)
+    assert sorted(lr) == list(range(1, 61))
+    steps = [lr[s + 1] - lr[s] for s in range(1, 60)]
+    assert max(abs(d) for d in steps) <= PEAK / WARMUP * (1 + 1e-4), max(steps, key=abs)
+    assert lr[31] == pytest.approx(lr[30], rel=1e-4)  # the continuation starts where the run ended
+    assert max(lr[s] for s in range(31, 61)) == pytest.approx(PEAK, rel=1e-5)
+    assert lr[60] == pytest.approx(PEAK / 10, rel=1e-5)
