@@ -16,6 +16,13 @@ done
 
 header() { printf '\n== check %s ==\n' "$1"; }
 
+# One JAX persistent compilation cache for the whole run, new each run: a program compiled by one notebook or test
+# (same model, same devices, same flags) is loaded by every later one instead of compiled again. Every program is
+# kept (no minimum compile time or size): on 2 cores most of a tiny model's test time is compiling it.
+cache_dir="$(mktemp -d "${TMPDIR:-/tmp}/tiny_lm_ci_jax_cache.XXXXXX")"
+export JAX_COMPILATION_CACHE_DIR="$cache_dir" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+
 # Hash of every file under nbs/ and tiny_lm/, so we see exactly what export/clean changed
 # (works on a fresh clone and on a working tree with uncommitted notebooks alike).
 snapshot() {
@@ -34,7 +41,7 @@ if [[ "$before" != "$after" ]]; then
     exit 1
 fi
 readme_before="$(mktemp)"
-trap 'rm -f "$readme_before"' EXIT
+trap 'rm -rf "$readme_before" "$cache_dir"' EXIT
 cp README.md "$readme_before" 2>/dev/null || true
 python .ci/readme.py
 if ! cmp -s README.md "$readme_before"; then
@@ -55,7 +62,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE
 header "4/4: pytest tests (export, ruff and the notebooks passed)"
 status=0
 # two workers: the tests mostly wait on their own subprocesses
-HF_HUB_OFFLINE=1 python -m pytest -q -n 2 tests || status=$?
+HF_HUB_OFFLINE=1 python -m pytest -q -n 2 --dist worksteal tests || status=$?
 if [[ $status -eq 5 ]]; then
     echo "check: pytest collected no tests: tests/ must hold tests" >&2
     exit 1

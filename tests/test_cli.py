@@ -15,7 +15,8 @@ import pytest
 DATA = Path(__file__).parent / "data"
 # JAX's persistent compilation cache, shared by every tiny-lm the tests start: a program compiled once (same model, same
 # devices) is loaded, not compiled again, which halves a small run's time. The executables are the same, so are the results.
-JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": str(Path(tempfile.gettempdir()) / "tiny_lm_tests_jax_cache"),
+JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR")  # check.sh's, for the whole run
+             or str(Path(tempfile.gettempdir()) / "tiny_lm_tests_jax_cache"),
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=2", **JAX_CACHE}
 SMALL = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "384", "--seq-len", "32",
