@@ -54,7 +54,7 @@ def test_two_processes_train_together(tmp_path):
                             capture_output=True, text=True, env=env, timeout=240)
     assert single.returncode == 0, single.stderr[-3000:]
     one = json.loads((tmp_path / "one.json").read_text())
-    assert one["losses"] == pytest.approx(p0["losses"], abs=1e-5)
+    assert one["losses"] == pytest.approx(p0["losses"], rel=1e-5)  # gloo sums in another order: relative to the loss
     assert sorted(sum(one["windows"], [])) == sorted(sum(p0["windows"], []) + sum(p1["windows"], []))
 
 
