@@ -22,12 +22,6 @@ header() { printf '\n== check %s ==\n' "$1"; }
 cache_dir="$(mktemp -d "${TMPDIR:-/tmp}/tiny_lm_ci_jax_cache.XXXXXX")"
 export JAX_COMPILATION_CACHE_DIR="$cache_dir" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-# XLA's CPU backend at LLVM -O0 for every notebook and test (tests/test_cli.py's xla_flags adds it wherever a test sets
-# XLA_FLAGS): the same HLO passes, so the same programs and the same results (loss equal to 4 decimals on a tiny run),
-# a third less compile time on a tiny model (18.5 -> 12.3 CPU s for an 80-step `tiny-lm train`, cold cache), which is
-# most of a test's time on 2 cores; the compiled code runs slower, which tiny tests do not feel. Users' runs keep -O2.
-# tests/test_float_order.py runs its float checks under both.
-export CI_XLA_FLAGS=--xla_backend_optimization_level=0
 
 # Hash of every file under nbs/ and tiny_lm/, so we see exactly what export/clean changed
 # (works on a fresh clone and on a working tree with uncommitted notebooks alike).
@@ -62,7 +56,7 @@ header "2/4: ruff on tiny_lm: pyflakes, 120-character lines, function complexity
 python .ci/lint.py
 
 header "3/4: notebooks as readers open them: copies outside the repo, the built wheel (skips slow, net, accel)"
-XLA_FLAGS="--xla_force_host_platform_device_count=8 $CI_XLA_FLAGS" HF_HUB_OFFLINE=1 TQDM_DISABLE=1 \
+XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE=1 \
     python .ci/notebooks.py --workers 2
 
 header "4/4: pytest tests (export, ruff and the notebooks passed)"

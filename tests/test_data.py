@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cli import JAX_CACHE, xla_flags  # the compilation cache and XLA flags of the CLI tests
 from tiny_lm.data import Batches, DataConfig, StreamingBatches, load_tokens, open_source
 from tiny_lm.tokenizer import TinyLMError, TokenizerConfig, train_tokenizer
 
@@ -391,7 +391,7 @@ def test_two_processes_share_the_data(tmp_path, tokenizer):
             "out": str(tmp_path / "out"), "seq_len": SEQ, "batch": B, "steps": 20}
     script = tmp_path / "multihost.py"
     script.write_text(MULTIHOST_SCRIPT)
-    env = {**ENV, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4")}
+    env = {**ENV, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), json.dumps(spec)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -570,6 +570,9 @@ def test_small_source_stream_resumes_exactly(tmp_path, tokenizer):
     close(again)
 
 
+# JAX's persistent compilation cache, the folder tests/test_cli.py shares: the tiny model compiles once per CI run
+JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": str(Path(tempfile.gettempdir()) / "tiny_lm_tests_jax_cache"),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 TRAIN_SMALL = """
 import json, sys
 from tiny_lm.data import DataConfig
@@ -592,7 +595,7 @@ def test_small_sources_train_with_a_validation_loss(tmp_path):
              write_jsonl(tmp_path / "five.jsonl", make_docs(5, words=(300, 400))),
              write_txt(tmp_path / "one.txt", make_docs(1, words=(3000, 3000)))]
     r = subprocess.run([sys.executable, "-c", TRAIN_SMALL, *map(str, paths)], capture_output=True, text=True,
-                       env={**ENV, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1"), **JAX_CACHE}, timeout=600)
+                       env={**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **JAX_CACHE}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     summaries = [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert len(summaries) == 3 and all(np.isfinite(s["final_val_loss"]) for s in summaries)
