@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_cli import JAX_CACHE  # the CLI tests' compilation cache (check.sh's, for the whole run)
 from tiny_lm.data import Batches, DataConfig, StreamingBatches, load_tokens, open_source
 from tiny_lm.tokenizer import TinyLMError, TokenizerConfig, train_tokenizer
 
@@ -570,9 +570,6 @@ def test_small_source_stream_resumes_exactly(tmp_path, tokenizer):
     close(again)
 
 
-# JAX's persistent compilation cache, the folder tests/test_cli.py shares: the tiny model compiles once per CI run
-JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": str(Path(tempfile.gettempdir()) / "tiny_lm_tests_jax_cache"),
-             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 TRAIN_SMALL = """
 import json, sys
 from tiny_lm.data import DataConfig
