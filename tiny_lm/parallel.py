@@ -329,7 +329,7 @@ def disagreement(values: list[str], what: str, fix: str) -> str | None:
             f"another {what} than process 0 ({values[bad[0]]} vs {values[0]}): {fix}")
 
 def check_processes_agree(value: str, what: str, fix: str) -> None:
-    "Raise one `TinyLMError` on every process when any process's `value` (ASCII, ≤ 64 bytes) differs from process 0's."
+    "One `TinyLMError` on every process when any process's `value` (ASCII, ≤ 64 bytes) differs from process 0's."
     if jax.process_count() == 1:
         return
     from jax.experimental import multihost_utils
