@@ -1,48 +1,87 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules: the training runs several tests read, each built once per test session.
+
+A shared run starts in the background as soon as a test worker starts (when a collected test needs it), so the
+workers run other tests while it trains, and each test module's tests that read a shared run come last. One run,
+however many pytest-xdist workers: the first to start it does (under a file lock), in a folder every worker sees.
+"""
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-from test_cli import SMALL, tiny_lm, without
+from test_cli import ENV, SMALL, without
 from test_faults import RUN, final_params, losses
 
+# name -> the `tiny-lm` arguments of the run (its --output-dir is added)
+SHARED = {
+    "trained": ["train", *without(SMALL, "--sample-tokens"), "--max-steps", "80"],  # 80 steps, its sample printed
+    "reference": ["train", *RUN],  # test_faults' uninterrupted run
+}
+# runs the command in argv[2:], then writes its status and output to argv[1] (atomically: a reader never sees half)
+RECORD = ("import json, os, subprocess, sys\n"
+          "r = subprocess.run(sys.argv[2:], capture_output=True, text=True)\n"
+          "open(sys.argv[1] + '.tmp', 'w').write(json.dumps(dict(returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)))\n"
+          "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n")
 
-def once_per_session(tmp_path_factory, name: str, build):
-    """`build(folder)`'s JSON-able result, computed once for the whole test session, however many pytest-xdist
-    workers share it: the first worker to ask builds it in a folder they all see, under a lock; the others wait and
-    read what it left (a run folder is read-only to the tests that share it)."""
+
+def start(root: Path, name: str) -> None:
+    """Start shared run `name` in the background, unless a worker already has."""
+    with FileLock(str(root / f"{name}.lock")):
+        if (root / f"{name}.started").exists():
+            return
+        (root / f"{name}.started").touch()
+    subprocess.Popen([sys.executable, "-c", RECORD, str(root / f"{name}.json"), "tiny-lm", *SHARED[name],
+                      "--output-dir", str(root / name)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def finished(root: Path, name: str, timeout: float = 900) -> tuple[Path, dict]:
+    """Shared run `name`'s folder and its record (status, stdout, stderr), once it has finished; it must have worked."""
+    start(root, name)
+    record, deadline = root / f"{name}.json", time.monotonic() + timeout
+    while not record.exists():
+        assert time.monotonic() < deadline, f"the shared run {name!r} did not finish in {timeout} s"
+        time.sleep(0.2)
+    run = json.loads(record.read_text())
+    assert run["returncode"] == 0, run["stderr"]
+    return root / name, run
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_runs(request, tmp_path_factory, worker_id) -> Path:
+    """The folder of the session's shared runs (pytest's temporary folder for this session, which every xdist worker
+    sees); starts each run a collected test needs."""
     root = tmp_path_factory.getbasetemp()
-    if root.name.startswith("popen-gw"):  # an xdist worker: the session's folder is one up, shared by every worker
-        root = root.parent
-    folder, done = root / f"shared-{name}", root / f"shared-{name}.json"
-    with FileLock(str(root / f"shared-{name}.lock")):
-        if not done.exists():
-            folder.mkdir(exist_ok=True)
-            done.write_text(json.dumps(build(folder)))
-    return json.loads(done.read_text())
+    root = root if worker_id == "master" else root.parent
+    for name in SHARED:
+        if any(name in getattr(item, "fixturenames", ()) for item in request.session.items):
+            start(root, name)
+    return root
+
+
+def pytest_collection_modifyitems(items):
+    """In each module, the tests that read a shared run after the others (stable otherwise): a worker starts on the
+    others while the shared runs train. Every worker sorts the same collection the same way."""
+    module = lambda item: item.nodeid.split("::")[0]
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(module(item), i)
+    items.sort(key=lambda item: (first[module(item)], any(n in getattr(item, "fixturenames", ()) for n in SHARED)))
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory):
-    """The uninterrupted run of test_faults.RUN (once per session): its losses and final parameters, which every
-    interrupted run must equal."""
-    def build(folder: Path) -> str:
-        r = tiny_lm("train", *RUN, "--output-dir", str(folder / "o"))
-        assert r.returncode == 0, r.stderr
-        return str(folder / "o")
-    out = Path(once_per_session(tmp_path_factory, "reference", build))
+def trained(shared_runs):
+    """A run of 80 steps on the Shakespeare fixture, with its sample: its folder and its record (`stdout`). Tests only
+    read it (or copy it)."""
+    return finished(shared_runs, "trained")
+
+
+@pytest.fixture(scope="session")
+def reference(shared_runs):
+    """The uninterrupted run of test_faults.RUN: its losses and final parameters, which every interrupted run must
+    equal."""
+    out, _ = finished(shared_runs, "reference")
     return losses(out), final_params(out)
-
-
-@pytest.fixture(scope="session")
-def trained(tmp_path_factory):
-    """A run of 80 steps on the Shakespeare fixture, with its sample (once per session): its folder and what it
-    printed. The tests that share it only read it (or copy it)."""
-    def build(folder: Path) -> dict:
-        r = tiny_lm("train", *without(SMALL, "--sample-tokens"), "--max-steps", "80", "--output-dir", str(folder / "output"))
-        assert r.returncode == 0, r.stderr
-        return {"out": str(folder / "output"), "stdout": r.stdout}
-    run = once_per_session(tmp_path_factory, "trained", build)
-    return Path(run["out"]), run
