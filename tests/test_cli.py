@@ -37,6 +37,9 @@ def without(flags: list, *names: str) -> list:
 
 
 NO_DIMS = without(SMALL, "--d-model", "--num-layers", "--num-heads")
+# 2 layers, 4 query heads sharing 2 key/value heads (test_export compares it with transformers: its 4-step run loads
+# the programs this file's compiles)
+GQA = [*without(SMALL, "--num-layers", "--num-heads"), "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2"]
 
 
 def tiny_lm(*args, env=ENV, timeout=300):
@@ -340,9 +343,9 @@ def test_train_with_target_params(tmp_path):
 
 def test_grouped_query_attention_trains_and_generates(tmp_path):
     out = tmp_path / "o"
-    r = tiny_lm("train", *SMALL, "--num-kv-heads", "1", "--max-steps", "4", "--output-dir", str(out))
+    r = tiny_lm("train", *GQA, "--max-steps", "4", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
-    assert json.loads((out / "model_config.json").read_text())["n_kv_head"] == 1
+    assert json.loads((out / "model_config.json").read_text())["n_kv_head"] == 2
     g = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "KING", "--max-tokens", "5")
     assert g.returncode == 0 and g.stdout.startswith("KING"), g.stderr
 

@@ -9,15 +9,14 @@ import transformers
 from flax import nnx
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from test_cli import SMALL, snapshot, tiny_lm, without
+from test_cli import GQA, snapshot, tiny_lm
 from tiny_lm.checkpoint import Checkpointer, load_checkpoint, run_meta
 from tiny_lm.export import export_hf, save_hf
 from tiny_lm.generate import generate
 from tiny_lm.model import ModelConfig, Transformer, add_lora, apply_rope, rope_angles
 from tiny_lm.tokenizer import TinyLMError, tokenizer_fingerprint
 
-# 2 layers, 4 query heads sharing 2 key/value heads: query head h reads key/value head h // 2 in both libraries
-GQA = [*without(SMALL, "--num-layers", "--num-heads"), "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2"]
+# GQA: 2 layers, 4 query heads sharing 2 key/value heads: query head h reads key/value head h // 2 in both libraries
 TOLERANCE = 1e-4  # max |logit difference| between tiny_lm and transformers, both in float32
 
 
@@ -35,10 +34,10 @@ def save_run(folder, model, tok, init_from: dict | None = None):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A 20-step GQA run, LoRA adapters on it (random, with α/r = 2: a fine-tune through the command line would cost another
+    """A 4-step GQA run (test_cli's: its compiled programs), LoRA adapters on it (random, with α/r = 2: a fine-tune through the command line would cost another
     compile of the training step and leave the adapters near zero), and both exported."""
     root = tmp_path_factory.mktemp("export")
-    r = tiny_lm("train", *GQA, "--max-steps", "20", "--output-dir", str(root / "base"))
+    r = tiny_lm("train", *GQA, "--max-steps", "4", "--output-dir", str(root / "base"))
     assert r.returncode == 0, r.stderr
     base, tok, _ = load_checkpoint(root / "base")
     adapted = add_lora(base, rank=4, alpha=8.0)
