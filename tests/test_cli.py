@@ -192,15 +192,24 @@ def make_bad_files(tmp_path) -> dict:
 IN_A_SUBPROCESS = {"hub unreachable", "mesh does not match the devices"}
 
 
-def refused(args: list, capsys) -> tuple[int, str]:
-    """`tiny-lm ARGS` run by `main` in this process: its exit status and what it wrote to stderr. For a mistake that
-    is refused before any slow work, a subprocess's start-up (imports, JAX) would be nearly all of its cost."""
+def in_process(capsys, *args) -> subprocess.CompletedProcess:
+    """`tiny-lm ARGS` run by `main` in this process (on its JAX devices): its exit status and what it printed. Where the
+    process itself is not what a test checks: a subprocess's start-up (imports, JAX, tracing) would be most of the cost
+    of a refused command, and programs compiled here serve the next call (generation, evaluation) at once."""
     from tiny_lm.cli import main
+    capsys.readouterr()  # what came before is not this command's
     try:
-        code = main(args)
+        code = main(list(args))
     except SystemExit as e:  # argparse's own errors leave by SystemExit, as they do from the console script
         code = e.code
-    return code, capsys.readouterr().err
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(["tiny-lm", *args], code, printed.out, printed.err)
+
+
+def refused(args: list, capsys) -> tuple[int, str]:
+    """`tiny-lm ARGS` run by `main` in this process: its exit status and what it wrote to stderr."""
+    r = in_process(capsys, *args)
+    return r.returncode, r.stderr
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUT))
@@ -586,25 +595,25 @@ def test_cpu_devices_default_to_the_usable_cores():
     assert result["tokens_per_step"] == 12 * 32  # --batch-size is the whole CPU's
 
 
-def test_generate_batches_stops_and_equals_the_reference(trained):
+def test_generate_batches_stops_and_equals_the_reference(trained, capsys):
     out, _ = trained
-    three = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "12", "--num-samples", "3")
+    three = in_process(capsys, "generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "12", "--num-samples", "3")
     assert three.returncode == 0, three.stderr
     assert [f"--- sample {i} of 3 ---" in three.stdout for i in (1, 2, 3)] == [True] * 3
-    greedy = [tiny_lm("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", *flags)
+    greedy = [in_process(capsys, "generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", *flags)
               for flags in ([], ["--no-cache"])]
     assert greedy[0].returncode == 0 and greedy[0].stdout == greedy[1].stdout, (greedy[0].stderr, greedy[1].stdout)
-    stopped = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", "--stop", "\n")
+    stopped = in_process(capsys, "generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", "--stop", "\n")
     assert stopped.returncode == 0 and "\n" not in stopped.stdout.rstrip("\n")[len("ROMEO:"):]
     assert greedy[0].stdout.startswith(stopped.stdout.rstrip("\n"))
     long_prompt = "ROMEO: " * 40  # longer than the window of 32 tokens
-    cut = tiny_lm("generate", "--checkpoint", str(out), "--prompt", long_prompt, "--max-tokens", "5")
+    cut = in_process(capsys, "generate", "--checkpoint", str(out), "--prompt", long_prompt, "--max-tokens", "5")
     assert cut.returncode == 0 and "generating from its last 32 tokens" in cut.stderr, cut.stderr
 
 
-def test_eval_scores_bits_per_byte_as_training_did(trained):
+def test_eval_scores_bits_per_byte_as_training_did(trained, capsys):
     out, _ = trained
-    r = tiny_lm("eval", "--checkpoint", str(out), "--json")
+    r = in_process(capsys, "eval", "--checkpoint", str(out), "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     summary = json.loads((out / "training_summary.json").read_text())
@@ -612,9 +621,9 @@ def test_eval_scores_bits_per_byte_as_training_did(trained):
     assert abs(result["perplexity"] - math.exp(result["loss"])) < 1e-6 * result["perplexity"]
     assert abs(result["bits_per_byte"] - result["loss"] / math.log(2) * result["tokens"] / result["bytes"]) < 1e-9
     assert 0 < result["bits_per_byte"] < 8 and result["tokens"] > 0
-    whole = json.loads(tiny_lm("eval", "--checkpoint", str(out), "--split", "train", "--max-examples", "20", "--json").stdout)
+    whole = json.loads(in_process(capsys, "eval", "--checkpoint", str(out), "--split", "train", "--max-examples", "20", "--json").stdout)
     assert whole["documents"] == 20 and whole["split"] == "train"
-    other = tiny_lm("eval", "--checkpoint", str(out), "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body")
+    other = in_process(capsys, "eval", "--checkpoint", str(out), "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body")
     assert other.returncode == 0 and "bits per byte" in other.stdout, other.stderr
 
 
