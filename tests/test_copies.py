@@ -207,7 +207,9 @@ def test_a_bucket_that_fails_mid_run_warns_and_training_goes_on(clouds, tmp_path
     assert cloud.secret not in stdout + stderr + written_text(out)
 
 
-def test_copy_flags_are_checked_before_any_work(tmp_path):
+def test_copy_flags_are_checked_before_any_work(tmp_path, capsys):
+    """In this process (`main`, not a subprocess: each case fails before any work, so the start-up would be the cost)."""
+    from tiny_lm.cli import main
     out = tmp_path / "o"
     for flags, message in [(["--backup-dir", str(out / "backup")], "overlap"),
                            (["--cloud-bucket", "b"], "--cloud-bucket needs --cloud-provider"),
@@ -215,9 +217,10 @@ def test_copy_flags_are_checked_before_any_work(tmp_path):
                            (["--cloud-provider", "gcs", "--cloud-bucket", "b", "--cloud-region", "eu"], "applies to --cloud-provider s3"),
                            (["--cloud-provider", "s3", "--cloud-bucket", "s3://b"], "is not a bucket name"),
                            (["--cloud-provider", "s3", "--cloud-bucket", "b", "--azure-sas-token", "sv=1&sig=TOPSECRET"], "apply to --cloud-provider azure")]:
-        r = tiny_lm("train", *RUN, *flags, "--output-dir", str(out))
-        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (flags, r.stderr)
-        assert "TOPSECRET" not in r.stderr + r.stdout
+        code = main(["train", *RUN, *flags, "--output-dir", str(out)])
+        stdout, stderr = capsys.readouterr()
+        assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1, (flags, stderr)
+        assert "TOPSECRET" not in stderr + stdout
         assert not out.exists()
 
 
