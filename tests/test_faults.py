@@ -190,9 +190,9 @@ def test_full_disk_stops_with_one_clear_line_and_the_checkpoints_intact(short_ru
             assert stderr.strip() == ours[0], stderr  # refused before writing: no noise from half a save
         assert {s: sorted(p.name for p in (out / f"checkpoint_step_{s}").rglob("*")) for s in before} == before
         (disk / "ballast").unlink(missing_ok=True)
-        r = tiny_lm("train", *SHORT, "25", "--output-dir", str(out))  # with room again, the same command continues
+        r = tiny_lm("train", *SHORT, "30", "--output-dir", str(out))  # with room again, the same command continues
         assert r.returncode == 0, r.stderr
-        assert f"resumed {out} at step 20 of 25" in r.stdout
+        assert f"resumed {out} at step 20 of 30" in r.stdout
     finally:
         if mounted:
             subprocess.run(["umount", str(disk)])
