@@ -198,7 +198,7 @@ def test_full_disk_stops_with_one_clear_line_and_the_checkpoints_intact(short_ru
             subprocess.run(["umount", str(disk)])
 
 
-def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path):
+def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path, capsys):
     out = copy_run(short_run, tmp_path / "o")
     args = [*SHORT, "20", "--output-dir", str(out)]  # the command that made the run
     again = tiny_lm("train", *args)
@@ -208,5 +208,7 @@ def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path):
     fresh = tiny_lm("train", *args, "--overwrite")
     assert fresh.returncode == 0, fresh.stderr
     assert "--overwrite: this new run replaces the checkpoints" in fresh.stdout and "resumed" not in fresh.stdout
-    both = tiny_lm("train", *args, "--overwrite", "--resume-from", str(out))
-    assert both.returncode == 2 and "give only one of them" in both.stderr
+    from tiny_lm.cli import main  # in this process: the flags are refused before any work
+    capsys.readouterr()
+    assert main(["train", *args, "--overwrite", "--resume-from", str(out)]) == 2
+    assert "give only one of them" in capsys.readouterr().err
