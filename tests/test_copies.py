@@ -21,6 +21,9 @@ from test_multihost import free_port
 AZURITE = Path.home() / ".cache" / "tiny_lm_tests" / "azurite-3.35.0"  # azurite 3.35 is the last that runs on Node 20
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="  # Azurite's published development key
 BUCKET, PREFIX = "tiny-lm-runs", "shakespeare/run1"
+# RUN with a checkpoint (so a copy) every 6 steps, not 3: half the saves and uploads. Still one step a call (--log-every 1),
+# so each step's program is RUN's and the losses and parameters must equal the `reference` run's, bit for bit.
+COPY_RUN = [*without(RUN, "--save-every"), "--save-every", "6"]
 
 
 def serve(cmd: list, port: int, log: Path, env=None) -> subprocess.Popen:
@@ -139,7 +142,7 @@ def test_copy_kill_9_lose_the_machine_resume_from_the_copy(reference, clouds, tm
         cloud = clouds(where)
         flags, env, url, copied = cloud.flags, cloud.env, cloud.url, cloud.complete_steps
     out = tmp_path / "o"
-    p = start(out, *RUN, *flags, env=env)
+    p = start(out, *COPY_RUN, *flags, env=env)
     wait_until(lambda: any(s >= 30 for s in copied()), p)
     p.kill()
     stdout, stderr = p.communicate()
@@ -149,7 +152,7 @@ def test_copy_kill_9_lose_the_machine_resume_from_the_copy(reference, clouds, tm
     shutil.rmtree(out)  # the machine is gone: only the copy is left
 
     out2 = tmp_path / "o2"
-    r = tiny_lm("train", *RUN, *flags, "--resume-from", url, "--output-dir", str(out2), env=env)
+    r = tiny_lm("train", *COPY_RUN, *flags, "--resume-from", url, "--output-dir", str(out2), env=env)
     assert r.returncode == 0, r.stderr
     assert f"at step {newest} of 60" in r.stdout, r.stdout
     assert where == "folder" or f"fetched checkpoint_step_{newest} of {url}" in r.stdout, r.stdout
@@ -207,7 +210,9 @@ def test_a_bucket_that_fails_mid_run_warns_and_training_goes_on(clouds, tmp_path
     assert cloud.secret not in stdout + stderr + written_text(out)
 
 
-def test_copy_flags_are_checked_before_any_work(tmp_path):
+def test_copy_flags_are_checked_before_any_work(tmp_path, capsys):
+    """In this process (`main`, not a subprocess: each case fails before any work, so the start-up would be the cost)."""
+    from tiny_lm.cli import main
     out = tmp_path / "o"
     for flags, message in [(["--backup-dir", str(out / "backup")], "overlap"),
                            (["--cloud-bucket", "b"], "--cloud-bucket needs --cloud-provider"),
@@ -215,9 +220,10 @@ def test_copy_flags_are_checked_before_any_work(tmp_path):
                            (["--cloud-provider", "gcs", "--cloud-bucket", "b", "--cloud-region", "eu"], "applies to --cloud-provider s3"),
                            (["--cloud-provider", "s3", "--cloud-bucket", "s3://b"], "is not a bucket name"),
                            (["--cloud-provider", "s3", "--cloud-bucket", "b", "--azure-sas-token", "sv=1&sig=TOPSECRET"], "apply to --cloud-provider azure")]:
-        r = tiny_lm("train", *RUN, *flags, "--output-dir", str(out))
-        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (flags, r.stderr)
-        assert "TOPSECRET" not in r.stderr + r.stdout
+        code = main(["train", *RUN, *flags, "--output-dir", str(out)])
+        stdout, stderr = capsys.readouterr()
+        assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1, (flags, stderr)
+        assert "TOPSECRET" not in stderr + stdout
         assert not out.exists()
 
 

@@ -119,18 +119,37 @@ def test_ctrl_c_once_saves_twice_stops_at_once(tmp_path):
     assert r.returncode == 0 and "continuing it" in r.stdout, r.stderr
 
 
-@pytest.mark.parametrize("damage", ["array files truncated", "every file random bytes, metadata included"])
-def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, damage):
-    out = tmp_path / "o"
-    r = tiny_lm("train", *without(RUN, "--max-steps", "--save-every"), "--max-steps", "20", "--save-every", "5", "--output-dir", str(out))
+# 20 steps, a checkpoint every 5: the finished run that the damaged-checkpoint, full-disk and folder tests each copy
+SHORT = [*without(RUN, "--max-steps", "--save-every"), "--save-every", "5", "--max-steps"]
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory) -> Path:
+    """A finished run of SHORT 20 (checkpoints 15 and 20 kept); tests change copies of it, never the run itself."""
+    out = tmp_path_factory.mktemp("short") / "o"
+    r = tiny_lm("train", *SHORT, "20", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
+    return out
+
+
+def copy_run(run: Path, to: Path) -> Path:
+    """A copy of a run folder that keeps its hard links (final_checkpoint shares its files with the newest step), as the
+    run left it."""
+    to.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", str(run), str(to)], check=True)
+    return to
+
+
+@pytest.mark.parametrize("damage", ["array files truncated", "every file random bytes, metadata included"])
+def test_damaged_newest_checkpoint_falls_back_with_a_warning(short_run, tmp_path, damage):
+    out = copy_run(short_run, tmp_path / "o")
     if damage == "array files truncated":
         for f in (out / "checkpoint_step_20" / "model").rglob("*"):
             if f.is_file():
                 f.write_bytes(b"garbage")
     else:
         overwrite_with_random_bytes(out / "checkpoint_step_20")
-    r = tiny_lm("train", *without(RUN, "--max-steps", "--save-every"), "--max-steps", "25", "--save-every", "5", "--output-dir", str(out))
+    r = tiny_lm("train", *SHORT, "25", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     assert "warning: checkpoint_step_20 (" in r.stdout + r.stderr and "restored step 15 instead" in r.stdout
     assert "moved the unreadable checkpoint_step_20 aside (now checkpoint_step_20.damaged)" in r.stdout
@@ -146,51 +165,50 @@ def _mounted_tmpfs(path: Path, size: str) -> bool:
         return False
 
 
-def test_full_disk_stops_with_one_clear_line_and_the_checkpoints_intact(tmp_path):
-    """A real tmpfs filled with ballast where this machine allows mounting; else a real per-file size limit (RLIMIT_FSIZE)."""
+def test_full_disk_stops_with_one_clear_line_and_the_checkpoints_intact(short_run, tmp_path):
+    """A copy of `short_run` (step 20) on a real tmpfs filled with ballast where this machine allows mounting, else under
+    a real per-file size limit (RLIMIT_FSIZE), continued to step 30."""
     disk = tmp_path / "disk"
-    bigger = [*without(RUN, "--d-model", "--max-steps"), "--d-model", "128", "--max-steps"]  # checkpoints of a few MB
     mounted = _mounted_tmpfs(disk, "64m")
     try:
-        out = disk / "o"
-        r = tiny_lm("train", *bigger, "12", "--output-dir", str(out))
-        assert r.returncode == 0, r.stderr
+        out = copy_run(short_run, disk / "o")
         before = {s: sorted(p.name for p in (out / f"checkpoint_step_{s}").rglob("*")) for s in steps_on_disk(out)}
         if mounted:  # leave 200 KB free: room for metrics lines, not for a checkpoint
             free = shutil.disk_usage(disk).free
             (disk / "ballast").write_bytes(b"\0" * (free - 200_000))
             limit = None
-        else:  # no file above 300 KB: metrics and the plot fit, a checkpoint's array file does not
-            limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
-        p = start(out, *bigger, "30", preexec_fn=limit)
+        else:  # no file above 64 KB: metrics fit, a checkpoint's optimizer array files (80-130 KB) do not
+            limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))
+        p = start(out, *SHORT, "30", preexec_fn=limit)
         _, stderr = p.communicate(timeout=300)
         assert p.returncode == 2, stderr
         ours = [line for line in stderr.splitlines() if line.startswith("error: ")]
         assert len(ours) == 1 and "The earlier checkpoints are intact" in ours[0], stderr
         reason = "the disk is full" if mounted else "the save did not complete"  # refused before writing / failed inside Orbax's save
-        assert re.match(rf"error: cannot write the checkpoint of step 1[5-8] in {re.escape(str(out))}: {reason}", ours[0]), ours[0]
+        assert re.match(rf"error: cannot write the checkpoint of step (25|30) in {re.escape(str(out))}: {reason}", ours[0]), ours[0]
         if mounted:
             assert stderr.strip() == ours[0], stderr  # refused before writing: no noise from half a save
         assert {s: sorted(p.name for p in (out / f"checkpoint_step_{s}").rglob("*")) for s in before} == before
         (disk / "ballast").unlink(missing_ok=True)
-        r = tiny_lm("train", *bigger, "15", "--output-dir", str(out))  # with room again, the same command continues
+        r = tiny_lm("train", *SHORT, "30", "--output-dir", str(out))  # with room again, the same command continues
         assert r.returncode == 0, r.stderr
-        assert f"resumed {out} at step 12 of 15" in r.stdout
+        assert f"resumed {out} at step 20 of 30" in r.stdout
     finally:
         if mounted:
             subprocess.run(["umount", str(disk)])
 
 
-def test_a_folder_with_a_run_is_continued_or_overwritten(tmp_path):
-    out = tmp_path / "o"
-    args = [*without(RUN, "--max-steps"), "--max-steps", "6", "--output-dir", str(out)]
-    assert tiny_lm("train", *args).returncode == 0
+def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path, capsys):
+    out = copy_run(short_run, tmp_path / "o")
+    args = [*SHORT, "20", "--output-dir", str(out)]  # the command that made the run
     again = tiny_lm("train", *args)
     assert again.returncode == 0, again.stderr
-    assert "holds a run (newest checkpoint: step 6): continuing it; --overwrite starts a new run there instead" in again.stdout
-    assert "the run is complete (step 6 of 6)" in again.stdout
+    assert "holds a run (newest checkpoint: step 20): continuing it; --overwrite starts a new run there instead" in again.stdout
+    assert "the run is complete (step 20 of 20)" in again.stdout
     fresh = tiny_lm("train", *args, "--overwrite")
     assert fresh.returncode == 0, fresh.stderr
     assert "--overwrite: this new run replaces the checkpoints" in fresh.stdout and "resumed" not in fresh.stdout
-    both = tiny_lm("train", *args, "--overwrite", "--resume-from", str(out))
-    assert both.returncode == 2 and "give only one of them" in both.stderr
+    from tiny_lm.cli import main  # in this process: the flags are refused before any work
+    capsys.readouterr()
+    assert main(["train", *args, "--overwrite", "--resume-from", str(out)]) == 2
+    assert "give only one of them" in capsys.readouterr().err

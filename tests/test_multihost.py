@@ -112,7 +112,7 @@ def test_unreachable_coordinator_is_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path):
+def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path, capsys):
     "A preemption notice to one host: both processes agree on the step, save it together, and exit 143; the step restores."
     port, out = free_port(), tmp_path / "run"
     flags = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "300", "--seq-len", "32", "--batch-size", "1",
@@ -137,7 +137,10 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path):
         steps.append(int(found.group(1)))
     assert steps[0] == steps[1] < 2000
     assert (out / f"checkpoint_step_{steps[0]}").is_dir()
-    r = subprocess.run(["tiny-lm", "inspect", str(out), "--json"], capture_output=True, text=True, env=ENV, timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads(r.stdout)
+    from tiny_lm.cli import main  # in this process: inspecting a saved step needs no start-up of its own
+    capsys.readouterr()
+    code = main(["inspect", str(out), "--json"])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr[-3000:]
+    report = json.loads(stdout)
     assert report["step"] == steps[0] and report["finite"]
