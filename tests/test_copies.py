@@ -21,8 +21,8 @@ from test_multihost import free_port
 AZURITE = Path.home() / ".cache" / "tiny_lm_tests" / "azurite-3.35.0"  # azurite 3.35 is the last that runs on Node 20
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="  # Azurite's published development key
 BUCKET, PREFIX = "tiny-lm-runs", "shakespeare/run1"
-# RUN with a checkpoint (so a copy) every 6 steps, not 3: half the saves and uploads. Still one step a call (--log-every 1),
-# so each step's program is RUN's and the losses and parameters must equal the `reference` run's, bit for bit.
+# RUN with a checkpoint (so a copy) every 6 steps, not 3: half the saves and uploads. Still one step a call
+# (--log-every 1), so each step's program is RUN's and the losses and parameters must equal `reference`'s, bit for bit.
 COPY_RUN = [*without(RUN, "--save-every"), "--save-every", "6"]
 
 
@@ -211,7 +211,7 @@ def test_a_bucket_that_fails_mid_run_warns_and_training_goes_on(clouds, tmp_path
 
 
 def test_copy_flags_are_checked_before_any_work(tmp_path, capsys):
-    """In this process (`main`, not a subprocess: each case fails before any work, so the start-up would be the cost)."""
+    """In this process (`main`, not a subprocess: each case fails before any work, so start-up would be the cost)."""
     from tiny_lm.cli import main
     out = tmp_path / "o"
     for flags, message in [(["--backup-dir", str(out / "backup")], "overlap"),
