@@ -82,12 +82,9 @@ def test_kill_9_then_the_same_command_equals_an_uninterrupted_run(reference, tmp
         np.testing.assert_array_equal(a, b)
 
 
-def test_sigterm_then_ctrl_c_once_save_twice_stops_at_once_and_the_same_command_continues(tmp_path):
-    """One open-ended run, stopped three times, each time continued by the same command: by SIGTERM (the step finishes,
-    is saved, exit 143), by Ctrl-C once (saved, exit 130), by Ctrl-C twice (at once, exit 130, no traceback); then the
-    run, continued to 2 steps after its newest checkpoint, finishes."""
-    out, endless = tmp_path / "o", [*without(RUN, "--max-steps"), "--max-steps", "100000"]
-    p = start(out, *endless)
+def test_sigterm_finishes_the_step_saves_and_exits_143(tmp_path):
+    out = tmp_path / "o"
+    p = start(out, *without(RUN, "--max-steps"), "--max-steps", "100000")
     wait_until(lambda: logged_steps(out) >= 12, p)
     sent = time.monotonic()
     p.send_signal(signal.SIGTERM)
@@ -98,24 +95,27 @@ def test_sigterm_then_ctrl_c_once_save_twice_stops_at_once_and_the_same_command_
     assert m and m.group(2) == str(out), last
     step = int(m.group(1))
     assert steps_on_disk(out)[-1] == step
+    r = tiny_lm("train", *without(RUN, "--max-steps"), "--max-steps", str(step + 3), "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"resumed {out} at step {step} of {step + 3}" in r.stdout
 
-    p = start(out, *endless)  # Ctrl-C once
-    wait_until(lambda: logged_steps(out) >= step + 8, p)
+
+def test_ctrl_c_once_saves_twice_stops_at_once(tmp_path):
+    out = tmp_path / "once"
+    p = start(out, *without(RUN, "--max-steps"), "--max-steps", "100000")
+    wait_until(lambda: logged_steps(out) >= 8, p)
     p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=30)
-    assert f"resumed {out} at step {step} of 100000" in stdout, stdout
+    _, stderr = p.communicate(timeout=30)
     assert p.returncode == 130 and "stopped by Ctrl-C after step" in stderr.strip().splitlines()[-1], stderr
-
-    p = start(out, *endless)  # Ctrl-C twice, once two more checkpoints are on disk
-    saved = steps_on_disk(out)[-1]
-    wait_until(lambda: steps_on_disk(out)[-1] >= saved + 6, p)
+    out = tmp_path / "twice"
+    p = start(out, *without(RUN, "--max-steps"), "--max-steps", "100000")
+    wait_until(lambda: len(steps_on_disk(out)) >= 2, p)
     p.send_signal(signal.SIGINT)
     p.send_signal(signal.SIGINT)
     _, stderr = p.communicate(timeout=30)
     assert p.returncode == 130, stderr
     assert "Traceback" not in stderr
-    newest = steps_on_disk(out)[-1]
-    r = tiny_lm("train", *without(RUN, "--max-steps"), "--max-steps", str(newest + 2), "--output-dir", str(out))
+    r = tiny_lm("train", *without(RUN, "--max-steps"), "--max-steps", str(steps_on_disk(out)[-1] + 2), "--output-dir", str(out))
     assert r.returncode == 0 and "continuing it" in r.stdout, r.stderr
 
 
