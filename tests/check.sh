@@ -62,7 +62,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 HF_HUB_OFFLINE=1 TQDM_DISABLE
 header "4/4: pytest tests (export, ruff and the notebooks passed)"
 status=0
 # two workers: the tests mostly wait on their own subprocesses
-HF_HUB_OFFLINE=1 python -m pytest -q -n 2 --dist worksteal tests || status=$?
+HF_HUB_OFFLINE=1 python -m pytest -q -n 2 --dist worksteal --durations=15 tests || status=$?
 if [[ $status -eq 5 ]]; then
     echo "check: pytest collected no tests: tests/ must hold tests" >&2
     exit 1

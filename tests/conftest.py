@@ -62,14 +62,19 @@ def shared_runs(request, tmp_path_factory, worker_id) -> Path:
     return root
 
 
+# modules of quick checks (no training run): last, so that no worker is left alone with a long test at the end
+QUICK = {"tests/test_colab_cell.py", "tests/test_readme.py", "tests/test_notebooks.py"}
+
+
 def pytest_collection_modifyitems(items):
     """In each module, the tests that read a shared run after the others (stable otherwise): a worker starts on the
-    others while the shared runs train. Every worker sorts the same collection the same way."""
+    others while the shared runs train. The QUICK modules last. Every worker sorts the same collection the same way."""
     module = lambda item: item.nodeid.split("::")[0]
     first = {}
     for i, item in enumerate(items):
         first.setdefault(module(item), i)
-    items.sort(key=lambda item: (first[module(item)], any(n in getattr(item, "fixturenames", ()) for n in SHARED)))
+    items.sort(key=lambda item: (module(item) in QUICK, first[module(item)],
+                                 any(n in getattr(item, "fixturenames", ()) for n in SHARED)))
 
 
 @pytest.fixture(scope="session")

@@ -309,12 +309,12 @@ def test_foreign_tokenizer_without_our_end_of_text(tmp_path):
     """A tokenizer.json with '</s>' and no '<|endoftext|>': documents are separated by '</s>'."""
     code = ("from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers\nimport sys\n"
             "t = Tokenizer(models.BPE()); t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False); t.decoder = decoders.ByteLevel()\n"
-            "tr = trainers.BpeTrainer(vocab_size=400, special_tokens=['</s>'], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())\n"
+            "tr = trainers.BpeTrainer(vocab_size=384, special_tokens=['</s>'], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())\n"
             "t.train_from_iterator([open(sys.argv[1]).read()], tr); t.save(sys.argv[2])")
     path = tmp_path / "foreign.json"
     subprocess.run([sys.executable, "-c", code, str(DATA / "tiny_shakespeare.txt"), str(path)], check=True, timeout=60)
     r = tiny_lm("train", *SMALL, "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body", "--val-split", "0.1",
-                "--tokenizer-path", str(path), "--max-steps", "2", "--output-dir", str(tmp_path / "o"))
+                "--tokenizer-path", str(path), "--max-steps", "4", "--output-dir", str(tmp_path / "o"))  # SMALL's 4-step programs
     assert r.returncode == 0, r.stderr
     assert "</s>" in r.stdout
 
@@ -511,6 +511,7 @@ def test_metrics_and_loss_plot(trained):
     assert [r["step"] for r in train] == list(range(10, 81, 10))
     assert all(r["tokens_per_sec"] > 0 and r["mfu"] > 0 and r["lr"] >= 0 and r["skipped"] == 0 for r in train)
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "loss.png").stat().st_mtime_ns > (out / "metrics.jsonl").stat().st_mtime_ns  # drawn from every record
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["mesh"] == {"data": 2, "fsdp": 1} and summary["effective_batch_size"] == 8
     assert 0 < summary["mfu"] < 2 and 0 <= summary["outside_step_fraction"] < 1

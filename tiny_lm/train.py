@@ -748,9 +748,14 @@ def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Op
 def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
     "The finished run's totals (wall time, time waiting for data), and loss.png drawn from all of metrics.jsonl."
     run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
-    if metrics_path is not None and metrics_path.exists():
+    if metrics_path is not None and metrics_path.exists() and not _plot_is_current(metrics_path):
         plot_losses(metrics_path)
     return run
+
+def _plot_is_current(metrics_path: Path) -> bool:
+    "Whether loss.png was drawn after the last line of metrics.jsonl (a run ending on an evaluation): no redraw needed."
+    png = metrics_path.with_name("loss.png")  # a tie on a coarse clock counts as stale: drawn again
+    return png.exists() and png.stat().st_mtime_ns > metrics_path.stat().st_mtime_ns
 
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
