@@ -24,7 +24,8 @@ SHARED = {
 # runs the command in argv[2:], then writes its status and output to argv[1] (atomically: a reader never sees half)
 RECORD = ("import json, os, subprocess, sys\n"
           "r = subprocess.run(sys.argv[2:], capture_output=True, text=True)\n"
-          "open(sys.argv[1] + '.tmp', 'w').write(json.dumps(dict(returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)))\n"
+          "record = dict(returncode=r.returncode, stdout=r.stdout, stderr=r.stderr)\n"
+          "open(sys.argv[1] + '.tmp', 'w').write(json.dumps(record))\n"
           "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n")
 
 

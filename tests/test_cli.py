@@ -206,12 +206,6 @@ def in_process(capsys, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["tiny-lm", *args], code, printed.out, printed.err)
 
 
-def refused(args: list, capsys) -> tuple[int, str]:
-    """`tiny-lm ARGS` run by `main` in this process: its exit status and what it wrote to stderr."""
-    r = in_process(capsys, *args)
-    return r.returncode, r.stderr
-
-
 @pytest.mark.parametrize("case", list(BAD_INPUT))
 def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, capsys, case):
     out, _ = trained
@@ -225,11 +219,8 @@ def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, capsys, ca
     if case in ("target too small", "prefer depth alone"):
         base = NO_DIMS
     argv = ["train", *base, "--max-steps", "5", "--output-dir", str(out), "--overwrite", *args]  # a new run: checked before it replaces anything
-    if case in IN_A_SUBPROCESS:
-        r = tiny_lm(*argv)
-        code, err = r.returncode, r.stderr
-    else:
-        code, err = refused(argv, capsys)
+    r = tiny_lm(*argv) if case in IN_A_SUBPROCESS else in_process(capsys, *argv)
+    code, err = r.returncode, r.stderr
     assert code == 2, (code, err)
     assert message in err
     assert "Traceback" not in err
@@ -378,10 +369,9 @@ def test_bad_fine_tuning_flags(trained, tmp_path, capsys, case):
         "both init and resume": (["--resume-from", str(out)], "give only one of them"),
     }[case]
     before = snapshot(out)
-    code, err = refused(["train", "--init-from", str(out), *FINETUNE, "--max-steps", "2", "--output-dir", str(new), *args],
-                        capsys)
-    assert code == 2 and message in err, err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    r = in_process(capsys, "train", "--init-from", str(out), *FINETUNE, "--max-steps", "2", "--output-dir", str(new), *args)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert snapshot(out) == before and not new.exists()
 
 
@@ -668,8 +658,7 @@ GEN_BAD = {
 
 @pytest.mark.parametrize("case", list(GEN_BAD))
 def test_generate_eval_export_bad_input(trained, tmp_path, capsys, case):
-    """In this process (`main`, not a subprocess: these fail before any compilation, so the start-up would be most of the cost)."""
-    from tiny_lm.cli import main
+    """In this process (`in_process`: these fail before any compilation, so a start-up would be most of the cost)."""
     out, _ = trained
     args, message = GEN_BAD[case]
     (tmp_path / "not_a_run").mkdir()
@@ -686,8 +675,9 @@ def test_generate_eval_export_bad_input(trained, tmp_path, capsys, case):
     elif args[0] not in ("bench", "size") and "--checkpoint" not in args:
         args += ["--checkpoint", str(out)]
     before = snapshot(out)
-    assert main(args) == 2
-    err = capsys.readouterr().err
+    r = in_process(capsys, *args)
+    err = r.stderr
+    assert r.returncode == 2, (r.returncode, err)
     assert message in err and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert snapshot(out) == before and not (tmp_path / "new").exists()
     assert (tmp_path / "existing" / "config.json").read_text() == "{}"
@@ -726,13 +716,13 @@ DAMAGED_COMMANDS = {
 def test_damaged_newest_step_is_skipped_with_a_warning(trained, tmp_path, capsys, command):
     """The newest step's files overwritten with random bytes: each command warns, naming it, and uses the step before;
     a damaged step named on its own is one clear error."""
-    from tiny_lm.cli import main
     run = tmp_path / "run"
     shutil.copytree(trained[0], run)  # copies: the original's hard-linked final_checkpoint stays intact
     overwrite_with_random_bytes(run / "checkpoint_step_80")
     args = [{"RUN": str(run), "HF": str(tmp_path / "hf")}.get(a, a) for a in DAMAGED_COMMANDS[command]]
-    assert main(args) == 0
-    out, err = capsys.readouterr()
+    r = in_process(capsys, *args)
+    out, err = r.stdout, r.stderr
+    assert r.returncode == 0, err
     assert f"warning: checkpoint_step_80 (UnicodeDecodeError) in {run} cannot be read (damaged): using step 40 instead" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     if command == "inspect":
@@ -745,8 +735,9 @@ def test_damaged_newest_step_is_skipped_with_a_warning(trained, tmp_path, capsys
     if command == "export":
         assert (tmp_path / "hf" / "model.safetensors").is_file()
     named = [str(run / "checkpoint_step_80") if a == str(run) else a for a in args]
-    assert main(named) == 2
-    err = capsys.readouterr().err
+    r = in_process(capsys, *named)
+    err = r.stderr
+    assert r.returncode == 2, (r.returncode, err)
     assert err.startswith(f"error: {run / 'checkpoint_step_80'} cannot be read (UnicodeDecodeError): it is damaged; pass the run folder"), err
     assert len(err.strip().splitlines()) == 1, err
 

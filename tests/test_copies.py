@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cli import ENV, tiny_lm, without
+from test_cli import ENV, in_process, tiny_lm, without
 from test_faults import RUN, final_params, losses, start, wait_until
 from test_multihost import free_port
 
@@ -211,8 +211,7 @@ def test_a_bucket_that_fails_mid_run_warns_and_training_goes_on(clouds, tmp_path
 
 
 def test_copy_flags_are_checked_before_any_work(tmp_path, capsys):
-    """In this process (`main`, not a subprocess: each case fails before any work, so start-up would be the cost)."""
-    from tiny_lm.cli import main
+    """In this process (`in_process`: each case fails before any work, so a start-up would be the cost)."""
     out = tmp_path / "o"
     for flags, message in [(["--backup-dir", str(out / "backup")], "overlap"),
                            (["--cloud-bucket", "b"], "--cloud-bucket needs --cloud-provider"),
@@ -220,8 +219,8 @@ def test_copy_flags_are_checked_before_any_work(tmp_path, capsys):
                            (["--cloud-provider", "gcs", "--cloud-bucket", "b", "--cloud-region", "eu"], "applies to --cloud-provider s3"),
                            (["--cloud-provider", "s3", "--cloud-bucket", "s3://b"], "is not a bucket name"),
                            (["--cloud-provider", "s3", "--cloud-bucket", "b", "--azure-sas-token", "sv=1&sig=TOPSECRET"], "apply to --cloud-provider azure")]:
-        code = main(["train", *RUN, *flags, "--output-dir", str(out)])
-        stdout, stderr = capsys.readouterr()
+        r = in_process(capsys, "train", *RUN, *flags, "--output-dir", str(out))
+        code, stdout, stderr = r.returncode, r.stdout, r.stderr
         assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1, (flags, stderr)
         assert "TOPSECRET" not in stderr + stdout
         assert not out.exists()

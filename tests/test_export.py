@@ -34,8 +34,9 @@ def save_run(folder, model, tok, init_from: dict | None = None):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A 4-step GQA run (test_cli's: its compiled programs), LoRA adapters on it (random, with α/r = 2: a fine-tune through the command line would cost another
-    compile of the training step and leave the adapters near zero), and both exported."""
+    """A 4-step GQA run (test_cli's: its compiled programs), LoRA adapters on it (random, with α/r = 2: a fine-tune
+    through the command line would cost another compile of the training step and leave the adapters near zero), and
+    both exported."""
     root = tmp_path_factory.mktemp("export")
     r = tiny_lm("train", *GQA, "--max-steps", "4", "--output-dir", str(root / "base"))
     assert r.returncode == 0, r.stderr

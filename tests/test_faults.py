@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cli import ENV, SMALL, overwrite_with_random_bytes, tiny_lm, without
+from test_cli import ENV, SMALL, in_process, overwrite_with_random_bytes, tiny_lm, without
 
 # 60 short steps, a checkpoint every 3 of them and a metrics line every step: plenty of moments to interrupt
 RUN = [*without(SMALL, "--eval-every", "--save-every"), "--eval-every", "30", "--save-every", "3", "--log-every", "1",
@@ -208,7 +208,5 @@ def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path, ca
     fresh = tiny_lm("train", *args, "--overwrite")
     assert fresh.returncode == 0, fresh.stderr
     assert "--overwrite: this new run replaces the checkpoints" in fresh.stdout and "resumed" not in fresh.stdout
-    from tiny_lm.cli import main  # in this process: the flags are refused before any work
-    capsys.readouterr()
-    assert main(["train", *args, "--overwrite", "--resume-from", str(out)]) == 2
-    assert "give only one of them" in capsys.readouterr().err
+    both = in_process(capsys, "train", *args, "--overwrite", "--resume-from", str(out))  # refused before any work
+    assert both.returncode == 2 and "give only one of them" in both.stderr

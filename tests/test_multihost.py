@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import JAX_CACHE
+from test_cli import JAX_CACHE, in_process
 
 HERE = Path(__file__).parent
 DATA = HERE / "data"
@@ -137,10 +137,7 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path, capsys):
         steps.append(int(found.group(1)))
     assert steps[0] == steps[1] < 2000
     assert (out / f"checkpoint_step_{steps[0]}").is_dir()
-    from tiny_lm.cli import main  # in this process: inspecting a saved step needs no start-up of its own
-    capsys.readouterr()
-    code = main(["inspect", str(out), "--json"])
-    stdout, stderr = capsys.readouterr()
-    assert code == 0, stderr[-3000:]
-    report = json.loads(stdout)
+    r = in_process(capsys, "inspect", str(out), "--json")  # a saved step needs no start-up of its own to inspect
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
     assert report["step"] == steps[0] and report["finite"]
