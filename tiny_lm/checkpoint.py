@@ -339,12 +339,11 @@ def best_step(ckpt: Checkpointer) -> int | None:
     losses = {}
     for step in ckpt.steps():
         try:
-            metrics = ckpt.manager.restore(
-                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"].get("metrics", {})
+            loss = _read_meta(ckpt, step).get("metrics", {}).get("val_loss")
         except Exception:  # an unreadable step is nobody's best
             continue
-        if metrics.get("val_loss") is not None:
-            losses[step] = metrics["val_loss"]
+        if loss is not None:
+            losses[step] = loss
     return min(losses, key=losses.get) if losses else None
 
 def link_or_copy(src: str, dst: str) -> None:
