@@ -20,14 +20,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tokenizers import Tokenizer
 
-from .model import ModelConfig, Transformer, attention_implementation, causal_attention, mesh_of, on_mesh
+from .model import ModelConfig, Transformer, mesh_of, on_mesh
 from .parallel import batch_sharding, make_mesh
 from .tokenizer import END_OF_TEXT_TOKENS, EOT, TinyLMError, document_separator
 
 # %% auto #0
 __all__ = ['DECODE_CHUNK', 'filter_logits', 'sample_token', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache',
-           'cached_attention', 'forward_cached', 'check_sampling', 'generate_batch', 'generate', 'Playground',
-           'playground', 'evaluate_text']
+           'check_sampling', 'generate_batch', 'generate', 'Playground', 'playground', 'evaluate_text']
 
 # %% ../nbs/07_generate.ipynb #6e6f1dd2
 def filter_logits(logits_V: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
@@ -85,42 +84,12 @@ def _window_start(start: int, n: int, seq_len: int) -> int:
     return start if n - start <= seq_len else n - max(1, seq_len // 2)
 
 # %% ../nbs/07_generate.ipynb #8ea34347
-def init_cache(cfg: ModelConfig, batch: int, sharding=None) -> list[dict]:
-    "An empty KV cache: per layer, keys and values `[B, S, G, K]` for the `S = seq_len` slots of the window."
-    shape = (batch, cfg.seq_len, cfg.n_kv_head, cfg.head_dim)
-    return [{"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
-            for _ in range(cfg.n_layer)]
-
-def cached_attention(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, positions_T: jax.Array) -> jax.Array:
-    "Each query attends to the cache slots up to its own position; query head `h` reads key/value head `h // (H/G)`."
-    B, T, H, K = q_BTHK.shape
-    S, G = k_BSGK.shape[1], k_BSGK.shape[2]
-    q_BTGJK = q_BTHK.reshape(B, T, G, H // G, K)  # J = H/G query heads share one key/value head
-    scores_BGJTS = jnp.einsum("btgjk,bsgk->bgjts", q_BTGJK, k_BSGK).astype(jnp.float32) / math.sqrt(K)
-    visible_TS = jnp.arange(S)[None, :] <= positions_T[:, None]
-    probs_BGJTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGJTS, -jnp.inf), axis=-1).astype(v_BSGK.dtype)
-    return jnp.einsum("bgjts,bsgk->btgjk", probs_BGJTS, v_BSGK).reshape(B, T, H, K)
-
-# %% ../nbs/07_generate.ipynb #72be83d4
-def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], start,
-                   kernel: str | None = None) -> tuple[jax.Array, list[dict]]:
-    """Logits `[B, T, V]` of tokens at window positions `start … start+T−1`, with their keys and values written
-    into `cache`. `kernel`: a prefill (`start` 0), whose tokens attend to each other alone with that attention
-    kernel, as the model does; None: the tokens attend over the cache slots."""
-    B, T = tokens_BT.shape
-    positions_T = start + jnp.arange(T)
-    x_BTD, rope_TK = model.inputs(tokens_BT, positions_T)
-    new_cache = []
-    for block, layer in zip(model.blocks, cache):
-        q_BTHK, k_BTGK, v_BTGK = block.attn.heads(block.attn_norm(x_BTD), rope_TK)
-        k_BSGK = jax.lax.dynamic_update_slice(layer["k"], k_BTGK.astype(layer["k"].dtype), (0, start, 0, 0))
-        v_BSGK = jax.lax.dynamic_update_slice(layer["v"], v_BTGK.astype(layer["v"].dtype), (0, start, 0, 0))
-        y_BTHK = (cached_attention(q_BTHK, k_BSGK, v_BSGK, positions_T) if kernel is None
-                  else causal_attention(q_BTHK, k_BTGK, v_BTGK, kernel))
-        x_BTD = x_BTD + block.attn.out(y_BTHK.reshape(B, T, -1))
-        x_BTD = x_BTD + block.mlp(block.mlp_norm(x_BTD))
-        new_cache.append({"k": k_BSGK, "v": v_BSGK})
-    return model.logits(x_BTD), new_cache
+def init_cache(cfg: ModelConfig, batch: int, rows: NamedSharding | None = None) -> dict:
+    """An empty KV cache: keys and values `[L, B, S, G, K]` for every layer and the `S = seq_len` slots of the window
+    (`rows`: how a batch's rows are laid out, None: one device)."""
+    shape = (cfg.n_layer, batch, cfg.seq_len, cfg.n_kv_head, cfg.head_dim)
+    sharding = rows and NamedSharding(rows.mesh, P(None, *rows.spec))  # the rows are the second axis
+    return {"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
 
 # %% ../nbs/07_generate.ipynb #ef2a8aef
 @lru_cache(maxsize=8)
@@ -132,8 +101,7 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
     def prefill(leaves, cache, tokens_BT, last, key, n, temperature, top_p, **mode):
         "Fill the cache with the window so far `[B, T]`; sample each row's token after position `last` (token `n`)."
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        kernel = attention_implementation(model.cfg, tokens_BT.shape[1])  # splash on a TPU, cuDNN on a GPU
-        logits_BTV, cache = forward_cached(model, tokens_BT, cache, 0, kernel)
+        logits_BTV, cache = model.extend(tokens_BT, cache, 0)  # splash on a TPU, cuDNN on a GPU
         return sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode), cache
 
     def decode(leaves, cache, token_B, position, key, n, steps, temperature, top_p, **mode):
@@ -142,7 +110,7 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
         def one(i, carry):
             cache, token_B, new_BK = carry
-            logits_B1V, cache = forward_cached(model, token_B[:, None], cache, position + i)
+            logits_B1V, cache = model.extend(token_B[:, None], cache, position + i)
             token_B = sample_rows(logits_B1V[:, 0], jax.random.fold_in(key, n + i), temperature, top_p, **mode)
             return cache, token_B, new_BK.at[:, i].set(token_B)
         new_BK = jnp.zeros((token_B.shape[0], DECODE_CHUNK), token_B.dtype)

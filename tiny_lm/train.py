@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from contextlib import contextmanager, suppress
-from functools import cache, partial
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -24,12 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.flatten_util import ravel_pytree
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
+from .cpu import compiler_options, one_all_reduce
 from .data import step_batches
-from .model import ModelConfig, Transformer, mesh_of, on_mesh
+from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
 from .sizing import flops_per_token
 from .tokenizer import TinyLMError
 
@@ -37,9 +36,8 @@ from .tokenizer import TinyLMError
 __all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'warmup_for',
            'new_schedule', 'legacy_schedule', 'schedule_fn', 'lr_schedule', 'continue_schedule', 'decay_mask',
            'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn', 'chunked_cross_entropy',
-           'compiler_options', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache',
-           'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals',
-           'fit']
+           'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate',
+           'cpu_peak_flops', 'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -67,6 +65,8 @@ class TrainConfig:
     max_skipped_steps: int = 5  # non-finite gradients in a row (updates skipped) that stop the run
     # optimizer steps per compiled call (one scan): logging, evaluation, saves and signals land on its boundaries
     steps_per_call: int = 1
+    # what the backward pass recomputes instead of keeping (01_model's REMAT): none, block, or dots (keeps matmuls)
+    remat: str = "none"
 
     def __post_init__(self):
         _check_train_config(self)
@@ -109,6 +109,8 @@ def _check_train_config(cfg: TrainConfig) -> None:
     if cfg.save_every_minutes < 0:
         raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), "
                           f"got {cfg.save_every_minutes}")
+    if cfg.remat not in REMAT:
+        raise TinyLMError(f"--remat {cfg.remat!r} is unknown: choose one of {', '.join(REMAT)}")
     if cfg.learning_rate <= 0:
         raise TinyLMError(f"--learning-rate must be positive, got {cfg.learning_rate}")
 
@@ -220,16 +222,16 @@ def set_schedule(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict) -> 
     optimizer.tx = make_optimizer(cfg, schedule["total_steps"], schedule)
 
 def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None,
-            chunked: bool | None = None) -> jax.Array:
+            chunked: bool | None = None, remat: str = "none") -> jax.Array:
     """Mean next-token cross-entropy (nats) of a batch of `seq_len + 1` windows (dropout on when given a key);
     `chunked` (default: vocabularies of CHUNKED_LOSS_VOCAB tokens or more) never holds all the fp32 logits at once."""
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
     if chunked is None:
         chunked = model.cfg.vocab_size >= CHUNKED_LOSS_VOCAB
     if chunked:
-        return chunked_cross_entropy(model.logits, model.features(inputs_BT, dropout_key), targets_BT,
+        return chunked_cross_entropy(model.logits, model.features(inputs_BT, dropout_key, remat), targets_BT,
                                      model.cfg.vocab_size)
-    logits_BTV = model(inputs_BT, dropout_key=dropout_key)
+    logits_BTV = model(inputs_BT, dropout_key, remat)
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
 
 # %% ../nbs/04_train.ipynb #b3435e67
@@ -257,11 +259,12 @@ def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: ja
     return total / (B * T)
 
 # %% ../nbs/04_train.ipynb #747c79a7
-def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param,
-           dropout_key: jax.Array | None = None):
+def _grads(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None, *, accum_steps: int = 1,
+           wrt=nnx.Param, remat: str = "none"):
     "Mean loss and gradients (of the `wrt` parameters) over `accum_steps` micro-batches of `batch_BT`."
     graphdef, params, rest = nnx.split(model, wrt, ...)
-    grad_fn = jax.value_and_grad(lambda params, b, key: loss_fn(nnx.merge(graphdef, params, rest), b, key))
+    loss_of = lambda params, b, key: loss_fn(nnx.merge(graphdef, params, rest), b, key, remat=remat)
+    grad_fn = jax.value_and_grad(loss_of)
     if accum_steps == 1:
         return grad_fn(params, batch_BT, dropout_key)
     micro_ABT = batch_BT.reshape(-1, accum_steps, batch_BT.shape[-1]).swapaxes(0, 1)  # row r goes to micro-batch r % A
@@ -273,47 +276,6 @@ def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Pa
     (loss, grads), _ = jax.lax.scan(body, zeros, (micro_ABT, jnp.arange(accum_steps)))
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
-# %% ../nbs/04_train.ipynb #b503ffe8
-def _replicated_mesh(state) -> Mesh | None:
-    ("The mesh of several devices that holds every array of `state` whole on each device "
-     "(None: one device, or a sharded array).")
-    shardings = {x.sharding for x in jax.tree.leaves(state) if isinstance(x, jax.Array)}
-    meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
-    if len(meshes) != 1 or not all(isinstance(s, NamedSharding) and s.is_fully_replicated for s in shardings):
-        return None
-    mesh, = meshes
-    return mesh if mesh.size > 1 else None
-
-def _data_parallel_grads(mesh: Mesh, model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param):
-    ("`_grads` of each device's own rows, then one mean over the devices of every gradient at once, "
-     "flattened into one vector.")
-    graphdef, params, rest = nnx.split(model, wrt, ...)
-    axes = tuple(mesh.axis_names)
-    def local(params, rest, rows_BT):
-        loss, grads = _grads(nnx.merge(graphdef, params, rest), rows_BT, accum_steps, wrt)
-        flat, unflatten = ravel_pytree(grads)
-        return jax.lax.pmean(loss, axes), unflatten(jax.lax.pmean(flat, axes))
-    # check_vma off: cpu_matmul's custom VJP (01_model) does not mark its weight gradients as varying over the devices
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axes)), out_specs=P(),
-                         check_vma=False)(params, rest, batch_BT)
-
-# %% ../nbs/04_train.ipynb #80d426cd
-@cache
-def _cpu_options() -> tuple[tuple[str, str], ...]:
-    if jax.default_backend() != "cpu":
-        return ()
-    options = (("xla_cpu_experimental_ynn_fusion_type", ""), ("xla_disable_hlo_passes", "tree_reduction_rewriter"))
-    try:  # an XLA without the option refuses it: then compile with the defaults
-        jax.jit(lambda x: x @ x, compiler_options=dict(options))(jnp.ones((8, 8))).block_until_ready()
-    except Exception:
-        return ()
-    return options
-
-def compiler_options() -> dict:
-    ("XLA options for the train and eval steps: on a CPU, YNNPACK library fusions off and the tree-reduction "
-     "rewrite off (7–10 % and 8–11 % faster steps measured); none elsewhere.")
-    return dict(_cpu_options())
-
 # %% ../nbs/04_train.ipynb #c5747410
 DROPOUT_STREAM = 0x64726F70  # "drop": the key's own stream, folded in before the step
 
@@ -323,25 +285,22 @@ def dropout_key(seed: int, step) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), DROPOUT_STREAM), step)
 
 def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0,
-                    steps_per_call: int = 1, platform: str | None = None):
+                    steps_per_call: int = 1, platform: str | None = None, remat: str = "none"):
     ("A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the "
      "initial state. With `steps_per_call` > 1 it takes a tuple of batches, one optimizer step each. `platform`: "
      "the one it is lowered for (default: this machine's).")
     graphdef, state = nnx.split((model, optimizer))
     use_dropout = model.cfg.dropout_rate > 0
-    # data parallel on a CPU: one all-reduce of all gradients, after the accumulation (05_parallel, "One all-reduce")
-    on_cpu = (platform or jax.default_backend()) == "cpu"
-    mesh = _replicated_mesh(nnx.state(model)) if on_cpu and not use_dropout else None
+    grads_fn = partial(_grads, accum_steps=accum_steps, wrt=optimizer.wrt, remat=remat)
+    if not use_dropout:  # every device the same masks would not be the one-device run's: dropout keeps the plain step
+        grads_fn = one_all_reduce(grads_fn, nnx.state(model), accum_steps, platform)
     layout = mesh_of(state)  # the splash kernel's shard_map needs it while tracing
 
     @on_mesh(layout)
     def train_step(state, batch_BT):
         model, optimizer = nnx.merge(graphdef, state)
         key = dropout_key(seed, optimizer.step[...]) if use_dropout else None
-        if mesh is not None and batch_BT.shape[0] % (mesh.size * accum_steps) == 0:
-            loss, grads = _data_parallel_grads(mesh, model, batch_BT, accum_steps, optimizer.wrt)
-        else:
-            loss, grads = _grads(model, batch_BT, accum_steps, optimizer.wrt, key)
+        loss, grads = grads_fn(model, batch_BT, key)
         optimizer.update(model, grads)
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
                    "skipped": optimizer.opt_state.notfinite_count[...]}
@@ -777,7 +736,8 @@ def fit(
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K = cfg.steps_per_call
-    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K)
+    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K,
+                                         remat=cfg.remat)
     eval_step, val_put = make_eval_step(model, optimizer), val_put or put
     rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
