@@ -113,6 +113,7 @@ def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumu
                 steps_per_call: int = 1,  # optimizer steps per compiled call (TrainConfig.steps_per_call)
                 mesh: str | dict | None = None,  # None: as tiny-lm train chooses
                 trace: str | Path | None = None,  # also profile 10 more steps into this folder
+                remat: str = "none",  # what the backward pass recomputes (TrainConfig.remat)
                 ) -> dict:
     "Train `model_config` on random tokens through the real loop: tokens/s, step time, MFU, compile time, host share."
     cfg = model_config
@@ -120,7 +121,7 @@ def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumu
     log_every = max(1, steps // 10 // steps_per_call) * steps_per_call  # every interval: whole calls
     train_cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
                             max_steps=steps + log_every, warmup_steps=10, log_every=log_every,
-                            steps_per_call=steps_per_call)
+                            steps_per_call=steps_per_call, remat=remat)
     batches = _random_batches(cfg, batch_size, gradient_accumulation_steps)
     model, optimizer = sharded_init(lambda: init_model(cfg, train_cfg, train_cfg.max_steps), device_mesh)
     run = fit(model, optimizer, batches, train_cfg, train_cfg.max_steps, put=batch_put(device_mesh), progress=False)
@@ -134,17 +135,19 @@ def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumu
               "mesh": dict(device_mesh.shape), "attention": describe_attention(cfg),
               "device": {k: v for k, v in device_info().items() if k != "devices"},
               "config": {**cfg.to_dict(), "batch_size": batch_size,
-                         "gradient_accumulation_steps": gradient_accumulation_steps, "steps_per_call": steps_per_call}}
-    result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, gradient_accumulation_steps, device_mesh)
+                         "gradient_accumulation_steps": gradient_accumulation_steps, "steps_per_call": steps_per_call,
+                         "remat": remat}}
+    result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, gradient_accumulation_steps, device_mesh,
+                                                 remat)
     if trace:
         result["trace"] = {"dir": str(trace), **_traced_steps(model, optimizer, batches, train_cfg, device_mesh, trace)}
     return result
 
 
 # %% ../nbs/08b_bench.ipynb #39e53d35
-def _step_temp_bytes(model, optimizer, batches: Batches, accum: int, mesh) -> int | None:
+def _step_temp_bytes(model, optimizer, batches: Batches, accum: int, mesh, remat: str = "none") -> int | None:
     "The compiled train step's temporary memory per device, as XLA reports it (None where the backend does not)."
-    step, state = make_train_step(model, optimizer, accum)
+    step, state = make_train_step(model, optimizer, accum, remat=remat)
     batch = batch_put(mesh)(np.concatenate([batches[a] for a in range(accum)]))
     analysis = step.lower(state, batch).compile().memory_analysis()
     return None if analysis is None else int(analysis.temp_size_in_bytes)

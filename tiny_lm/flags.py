@@ -32,7 +32,7 @@ TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int,
                 "save_every_minutes": float, "keep_checkpoints": int,
-                "steps_per_call": int}
+                "steps_per_call": int, "remat": str}
 MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
 
 # %% ../nbs/08c_flags.ipynb #d2ba7a78
@@ -64,6 +64,9 @@ _HELP = {
     "batch_size": "sequences per micro-batch on each device, a CPU counting as one device (shared out over its cores); "
                   "the global batch is this × devices (default: the --profile's: 16 on a CPU, 32,768 tokens' worth "
                   "on a GPU or TPU)",
+    "remat": "what the backward pass recomputes instead of keeping, to fit a bigger batch in memory: none, block "
+             "(each block's activations: the least memory, about a third more compute) or dots (keeps the matmul "
+             "outputs) (default: none)",
     "steps_per_call": "optimizer steps per compiled call (one scan over that many batches): fewer launches for a "
                       "small model on an accelerator; logging, evaluation, checkpoints and Ctrl-C/SIGTERM take "
                       "effect at the end of a call (default: the --profile's: 1 on a CPU, up to 10 for small models "
@@ -348,6 +351,7 @@ def _bench_train_parser(kinds) -> None:
                    help="micro-batches per optimizer step (default: 1)")
     t.add_argument("--steps-per-call", type=int, default=1, help="optimizer steps per compiled call, one scan over "
                    "that many batches (default: 1)")
+    t.add_argument("--remat", default="none", help=_HELP["remat"])
     _mesh_flags(t, "as tiny-lm train chooses: replicated if the memory estimate fits")
     t.add_argument("--steps", type=int, default=300,
                    help="training steps to time, after the first (compiling) interval (default: 300)")

@@ -175,7 +175,9 @@ def continue_schedule(saved: dict, cfg: TrainConfig, start: int, total_steps: in
 def decay_mask(params) -> object:
     "True for the arrays weight decay applies to: matrices that are not embeddings (by path)."
     def decays(path, p) -> bool:
-        return p.ndim >= 2 and "embedding" not in jax.tree_util.keystr(path)
+        name = jax.tree_util.keystr(path)
+        layer_ndim = p.ndim - ("['blocks']" in name)  # the stacked blocks' arrays have a leading layer axis
+        return layer_ndim >= 2 and "embedding" not in name
     return jax.tree_util.tree_map_with_path(decays, params)
 
 def make_optimizer(cfg: TrainConfig, total_steps: int, schedule: dict | None = None) -> optax.GradientTransformation:
