@@ -742,6 +742,26 @@ def test_damaged_newest_step_is_skipped_with_a_warning(trained, tmp_path, capsys
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_a_checkpoint_of_the_list_of_blocks_model_still_loads():
+    """tests/data/old_run was saved when the model kept one entry per layer (`blocks.0.…`): `load_checkpoint` reads
+    it into today's model (per layer, or stacked on a layer axis), every array as saved."""
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+    from tiny_lm.checkpoint import load_checkpoint, stack_layers
+    model, _, cfg = load_checkpoint(DATA / "old_run")
+    saved = DATA.absolute() / "old_run" / "checkpoint_step_2" / "model"
+    raw = ocp.StandardCheckpointer().restore(saved, jax.tree.map(lambda m: np.zeros(m.shape, m.dtype),
+                                                                 ocp.StandardCheckpointHandler().metadata(saved)))
+    named = lambda tree: {jax.tree_util.keystr(p, simple=True, separator=".").removesuffix(".value"): np.asarray(x)
+                          for p, x in jax.tree_util.tree_leaves_with_path(stack_layers(tree))}
+    assert cfg.n_layer == 2 and sorted(raw["blocks"]) == ["0", "1"]
+    loaded, kept = named(nnx.state(model)), named(raw)
+    assert loaded.keys() == kept.keys() and "blocks.attn.qkv.kernel" in kept
+    for name, x in kept.items():
+        np.testing.assert_array_equal(loaded[name], x, err_msg=name)
+
+
 def test_second_start_loads_the_compiled_steps(tmp_path):
     """--compile-cache: the first run keeps its compiled programs there; a second run of the same model loads every one
     of them and compiles nothing new (the cache gains no entry); --no-compile-cache with it is a mistake."""

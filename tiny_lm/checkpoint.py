@@ -13,10 +13,11 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -29,9 +30,9 @@ from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
 # %% auto #0
 __all__ = ['STEP_PREFIX', 'RESUMABLE_FIELDS', 'ARCHITECTURE_FIX', 'step_of', 'saved_state', 'Checkpointer', 'DataStateHandler',
            'DataStateSave', 'DataStateRestore', 'restore', 'set_aside', 'architecture_changes', 'check_architecture',
-           'check_fits', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights', 'base_fingerprint',
-           'base_reference', 'find_base', 'LoadedRun', 'load_run', 'load_checkpoint', 'committed_steps',
-           'clear_old_checkpoints', 'checkpoint_folders']
+           'check_fits', 'stack_layers', 'unstack_layers', 'best_step', 'link_or_copy', 'publish', 'run_meta',
+           'restore_weights', 'base_fingerprint', 'base_reference', 'find_base', 'LoadedRun', 'load_run',
+           'load_checkpoint', 'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -41,19 +42,10 @@ def step_of(name: str) -> int | None:
     m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)", name)
     return int(m.group(1)) if m else None
 
-class _QuietReadOnly(logging.Filter):
-    ("Orbax's warnings on read-only managers (how tiny-lm reads runs), on saves without a validation loss, "
-     "and on damaged steps (tiny-lm says it in one line).")
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
-            return False  # a second Ctrl-C as a save finishes: tiny-lm says so in one line, not Orbax's traceback
-        message = record.getMessage()
-        return not any(s in message
-                       for s in ("read_only=True", "directory is read only", "Failed to read Metadata file",
-                                 # a save without a validation loss; a step folder with no Orbax record
-                                 "did not provide metrics", "Metadata file does not exist"))
-
-logging.getLogger("absl").addFilter(_QuietReadOnly())
+def _quiet_orbax() -> None:
+    ("Orbax logs through absl's logger, at WARNING and ERROR, what is normal here or what tiny-lm says itself in one "
+     "line: a read-only manager, a save with no validation loss, a damaged step, a Ctrl-C during a save.")
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
 
 # %% ../nbs/06_checkpoint.ipynb #3429f690
 def saved_state(model: nnx.Module) -> nnx.State:
@@ -61,7 +53,7 @@ def saved_state(model: nnx.Module) -> nnx.State:
     return (nnx.state(model, nnx.LoRAParam) if getattr(model, "cfg", None) is not None and model.cfg.lora_rank
             else nnx.state(model))
 
-def _manager_options(keep: int, read_only: bool, best: bool = True) -> ocp.CheckpointManagerOptions:
+def _manager_options(keep: int, read_only: bool) -> ocp.CheckpointManagerOptions:
     "Step names, and retention: the latest `keep` steps and the one with the lowest validation loss."
     policy = pp.AnyPreservationPolicy([
         pp.LatestN(n=keep),
@@ -69,25 +61,17 @@ def _manager_options(keep: int, read_only: bool, best: bool = True) -> ocp.Check
     return ocp.CheckpointManagerOptions(
         step_name_format=ocp.step.standard_name_format(step_prefix=STEP_PREFIX),
         preservation_policy=policy, create=not read_only, read_only=read_only,
-        # only so that Orbax writes each step's metrics, which BestN reads back after a reload; a reader deletes
-        # nothing, and leaves them unread (Orbax reads every step's metrics at start: a damaged step's would stop it)
-        best_fn=None if read_only or not best else lambda m: m["val_loss"], best_mode="min")
-
-class _Manager(ocp.CheckpointManager):
-    "Orbax's manager, reading a damaged step's metrics as none: the step is then reported as damaged when read."
-    def _get_metrics(self, step: int):  # Orbax reads every step's metrics file when it opens a run
-        try:
-            return super()._get_metrics(step)
-        except ValueError:  # not JSON (UnicodeDecodeError and JSONDecodeError are ValueErrors)
-            return None
-
+        # a reader deletes nothing and reads no step's metrics (Orbax reads them all at start: a damaged step's would
+        # stop it); a writer sets best_fn only so that Orbax writes each step's metrics (BestN reads them on reload)
+        lightweight_initialize=read_only, best_fn=None if read_only else lambda m: m["val_loss"], best_mode="min")
 
 # %% ../nbs/06_checkpoint.ipynb #f856f84e
 class Checkpointer:
     "Orbax checkpoints of a run in `directory`/checkpoint_step_N; callable as `fit`'s `checkpoint`."
     def __init__(self, directory: str | Path, meta: dict | None = None, keep: int = 2, read_only: bool = False):
         self.directory, self.meta = Path(directory).absolute(), meta or {}
-        self.manager = _Manager(self.directory, options=_manager_options(keep, read_only))
+        _quiet_orbax()
+        self.manager = ocp.CheckpointManager(self.directory, options=_manager_options(keep, read_only))
         self.pending: int | None = None  # the step whose save is in flight
         self.copies: list = []  # `Mirror`s (06a_copies) to tell of each save: they copy the step once it is committed
 
@@ -214,11 +198,9 @@ def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | No
         targets["optimizer"] = _targets(nnx.state(optimizer))
     errors = []
     for s in candidates:
-        items = {k: ocp.args.StandardRestore(v) for k, v in targets.items()} | {"meta": ocp.args.JsonRestore()}
-        if (ckpt.directory / f"{STEP_PREFIX}_{s}" / "data").is_dir():
-            items["data"] = DataStateRestore()
+        data = {"data": DataStateRestore()} if (ckpt.directory / f"{STEP_PREFIX}_{s}" / "data").is_dir() else {}
         try:
-            restored = ckpt.manager.restore(s, args=ocp.args.Composite(**items))
+            restored = _read_arrays(ckpt, s, targets, meta=ocp.args.JsonRestore(), **data)
         except TinyLMError:
             raise
         except Exception as e:  # damaged, unless the step holds another model: that is no damage (raises)
@@ -275,7 +257,8 @@ def _shape_changes(step_dir: Path, targets: dict) -> list[str]:
     "Where the arrays saved in `step_dir` differ from `targets` (item -> targets); reading them may raise: damage."
     changes = []
     for item, target in targets.items():
-        saved, given = _shapes(ocp.StandardCheckpointHandler().metadata(step_dir / item)), _shapes(target)
+        saved = _shapes(ocp.StandardCheckpointHandler().metadata(step_dir / item))
+        given = _shapes(_as_saved(saved, target))
         changes += [f"{item}.{name} saved {saved.get(name, 'nothing')}, given {given.get(name, 'nothing')}"
                     for name in sorted(saved.keys() | given.keys()) if saved.get(name) != given.get(name)]
     return changes
@@ -301,18 +284,66 @@ def check_fits(ckpt: Checkpointer, step: int, targets: dict, cfg: ModelConfig | 
         raise TinyLMError(f"{step_dir} holds other arrays than the model and optimizer given ({'; '.join(changes[:4])}"
                           f"{'; ...' if len(changes) > 4 else ''}): it is not damaged; build them as its run did")
 
+# %% ../nbs/06_checkpoint.ipynb #b1c0a002
+def _on_blocks(tree, f: Callable):
+    "`tree` with `f` applied to every `blocks` entry in it (the model's, the optimizer's moments')."
+    if not isinstance(tree, Mapping):
+        return tree
+    return type(tree)({k: f(v) if k == "blocks" else _on_blocks(v, f) for k, v in tree.items()})
+
+def _layers(blocks) -> bool:
+    "Whether a `blocks` entry holds one entry per layer (keys 0, 1, ...) rather than stacked arrays."
+    return all(str(k).isdigit() for k in blocks)
+
+def stack_layers(tree, stack: Callable = jnp.stack):
+    "Every per-layer `blocks` entry ({0: ..., 1: ...}) of `tree` as one whose arrays have a leading layer axis."
+    return _on_blocks(tree, lambda b: jax.tree.map(lambda *xs: stack(xs), *(b[k] for k in sorted(b, key=int)))
+                      if b and _layers(b) else b)
+
+def unstack_layers(tree, take: Callable = lambda x, i: x[i]):
+    "Every stacked `blocks` entry of `tree` (arrays with a leading layer axis) as one entry per layer: 0, 1, ..."
+    return _on_blocks(tree, lambda b: b if _layers(b) else type(b)(
+        {i: jax.tree.map(lambda x: take(x, i), b) for i in range(jax.tree.leaves(b)[0].shape[0])}))
+
+
+# %% ../nbs/06_checkpoint.ipynb #b1c0a007
+def _layer_slice(x: jax.ShapeDtypeStruct, i: int) -> jax.ShapeDtypeStruct:
+    "Layer `i` of a stacked target: its shape and its sharding without the layer axis, its dtype."
+    s = x.sharding
+    s = jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*s.spec[1:])) if hasattr(s, "spec") else s
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=s)
+
+def _as_saved(saved: dict, target):
+    "`target` in the layout of the arrays `saved` names: stacked targets sliced per layer for a per-layer step."
+    per_layer = lambda names: any(re.search(r"(^|\.)blocks\.\d+\.", n) for n in names)
+    return unstack_layers(target, _layer_slice) if per_layer(saved) and not per_layer(_shapes(target)) else target
+
+def _read_arrays(ckpt: Checkpointer, step: int, targets: dict, **more) -> dict:
+    ("Read `targets` (item -> abstract state) and the `more` items of `step`; a per-layer step is read into "
+     "stacked targets (sliced, read, stacked).")
+    try:
+        saved = _shapes(ocp.StandardCheckpointHandler().metadata(ckpt.directory / f"{STEP_PREFIX}_{step}" / "model"))
+    except Exception:  # unreadable metadata: the read below says what is wrong
+        saved = {}
+    asked = {k: _as_saved(saved, v) for k, v in targets.items()}
+    items = {k: ocp.args.StandardRestore(v) for k, v in asked.items()} | more
+    out = dict(ckpt.manager.restore(step, args=ocp.args.Composite(**items)))
+    for k in (k for k in targets if asked[k] is not targets[k]):
+        out[k] = jax.tree.map(lambda x, t: jax.device_put(x, t.sharding), stack_layers(out[k]), targets[k])
+    return out
+
+
 # %% ../nbs/06_checkpoint.ipynb #3e95cc50
 def best_step(ckpt: Checkpointer) -> int | None:
     "The committed step whose meta record has the lowest validation loss (None when no step was evaluated)."
     losses = {}
     for step in ckpt.steps():
         try:
-            metrics = ckpt.manager.restore(
-                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"].get("metrics", {})
+            loss = _read_meta(ckpt, step).get("metrics", {}).get("val_loss")
         except Exception:  # an unreadable step is nobody's best
             continue
-        if metrics.get("val_loss") is not None:
-            losses[step] = metrics["val_loss"]
+        if loss is not None:
+            losses[step] = loss
     return min(losses, key=losses.get) if losses else None
 
 def link_or_copy(src: str, dst: str) -> None:
@@ -400,8 +431,7 @@ def restore_weights(path: str | Path, model: Transformer) -> dict:
             raise TinyLMError(f"{ckpt.directory} is a LoRA run, not a base model: start from its merged model instead "
                               f"(train it with --merge-lora and use {ckpt.directory / 'merged'})")
         try:
-            return ckpt.manager.restore(
-                step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(base))))["model"]
+            return _read_arrays(ckpt, step, {"model": _targets(base)})["model"]
         except Exception:
             check_fits(ckpt, step, {"model": _targets(base)})  # another model's weights are no damage: say so
             raise
@@ -501,9 +531,7 @@ def _read_model(root: Path, tokenizer: Tokenizer, ckpt: Checkpointer, step: int,
         folder, how = find_base(ref, root, base)
         restore_weights(folder / f"{STEP_PREFIX}_{ref['step']}", model)
         found = {"path": str(folder), "step": ref["step"], "found": how}
-    restored = ckpt.manager.restore(
-        step, args=ocp.args.Composite(model=ocp.args.StandardRestore(_targets(saved_state(model)))))["model"]
-    nnx.update(model, restored)
+    nnx.update(model, _read_arrays(ckpt, step, {"model": _targets(saved_state(model))})["model"])
     return model, cfg, meta, found
 
 def load_run(path: str | Path = "output", base: str | Path | None = None) -> LoadedRun:
