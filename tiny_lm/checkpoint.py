@@ -329,7 +329,10 @@ def _read_arrays(ckpt: Checkpointer, step: int, targets: dict, **more) -> dict:
     items = {k: ocp.args.StandardRestore(v) for k, v in asked.items()} | more
     out = dict(ckpt.manager.restore(step, args=ocp.args.Composite(**items)))
     for k in (k for k in targets if asked[k] is not targets[k]):
-        out[k] = jax.tree.map(lambda x, t: jax.device_put(x, t.sharding), stack_layers(out[k]), targets[k])
+        stacked = stack_layers(out[k])
+        by_name = dict(zip(_shapes(stacked), jax.tree.leaves(stacked)))  # the targets' kind of tree, filled by name
+        out[k] = jax.tree.unflatten(jax.tree.structure(targets[k]), [jax.device_put(by_name[name], t.sharding)
+                                    for name, t in zip(_shapes(targets[k]), jax.tree.leaves(targets[k]))])
     return out
 
 
