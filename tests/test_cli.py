@@ -268,7 +268,7 @@ def test_streamed_run_resumes_exactly(tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     r = tiny_lm("train", *flags, "--max-steps", "4", "--output-dir", str(whole))
     assert r.returncode == 0, r.stderr
-    assert "streaming: 2 tokenizer workers" in r.stdout
+    assert "streaming: 2 encoder threads" in r.stdout
     shutil.copytree(whole, split)
     shutil.rmtree(split / "checkpoint_step_4")  # as if the machine had died after step 2
     resumed = tiny_lm("train", "--resume-from", str(split), "--output-dir", str(split), "--num-workers", "1", "--no-progress")

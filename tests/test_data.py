@@ -1,4 +1,4 @@
-"""tiny_lm.data end to end: exact resume of the stream (real spawned workers) and of the cached batches, the memory
+"""tiny_lm.data end to end: exact resume of the stream (real encoder threads) and of the cached batches, the memory
 bound on a multi-gigabyte corpus, the multi-host split in two real `jax.distributed` processes, and corrupt gzip input.
 
 Every corpus is generated in `tmp_path`; nothing reads the network or files outside the test's own folders.
@@ -107,17 +107,17 @@ def deadline(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-CLOSE_HANG = ("StreamingBatches.close() did not return within 60 s: TokenizerPool.close() kills each worker and closes its pipes; "
-              "a hang there is a data.py bug (multiprocessing's pool, used before, could deadlock here: CPython gh-96995)")
+CLOSE_HANG = ("StreamingBatches.close() did not return within 60 s: it closes the stream's generator, whose encoder threads "
+              "stop without waiting; a hang there is a data.py or encoding.py bug")
 
 
 def close(stream) -> None:
-    """`stream.close()`, failing with an explanation instead of hanging forever if the pool deadlocks."""
+    """`stream.close()`, failing with an explanation instead of hanging forever if it deadlocks."""
     try:
         with deadline(60):
             stream.close()
     except Hang:
-        faulthandler.dump_traceback(all_threads=True)  # where the pool's threads are stuck
+        faulthandler.dump_traceback(all_threads=True)  # where the stream's threads are stuck
         pytest.fail(CLOSE_HANG)
 
 
@@ -133,7 +133,7 @@ SEQ, B, BUF = 32, 4, 64
 
 @pytest.mark.parametrize("fmt", list(WRITERS))
 def test_stream_resumes_exactly(tmp_path, tokenizer, fmt):
-    """Snapshots of a stream fed by 2 spawned workers resume to the identical next 5 batches with 1 or 0 workers,
+    """Snapshots of a stream fed by 2 encoder threads resume to the identical next 5 batches with 1 or 0 threads,
     straight from `snapshot()()` and after a JSON + .npz checkpoint round trip: inside the first buffer fill, after
     several buffers, and around the epoch boundary."""
     src = open_source(DataConfig(dataset_id=str(WRITERS[fmt](tmp_path, make_docs(240, seed=1)))))
@@ -157,7 +157,7 @@ def test_stream_resumes_exactly(tmp_path, tokenizer, fmt):
         saved = checkpoint_roundtrip(state, tmp_path / f"ckpt-{k}")
         for workers, st, how in [(1, state, "snapshot"), (0, state, "snapshot"), (0, saved, "checkpoint"), (1, saved, "checkpoint")]:
             if workers == 1 and how == "checkpoint" and k != k_epoch:
-                continue  # a fresh pool costs a spawn; once per corpus is enough for this combination
+                continue  # once per corpus is enough for this combination
             if how == "checkpoint" and workers == 1:  # as the CLI resumes: build the stream, then load the state
                 again = StreamingBatches(src, tokenizer, SEQ, B, seed=7, buffer_size=BUF, num_workers=workers)
                 again.load_state(st)
@@ -166,7 +166,7 @@ def test_stream_resumes_exactly(tmp_path, tokenizer, fmt):
             try:
                 assert again.batches_done == k
                 for j in range(5):
-                    np.testing.assert_array_equal(next(again), full[k + j], err_msg=f"{fmt}, {name} (k={k}), {workers} workers, from {how}: batch {k + j}")
+                    np.testing.assert_array_equal(next(again), full[k + j], err_msg=f"{fmt}, {name} (k={k}), {workers} threads, from {how}: batch {k + j}")
             finally:
                 close(again)
 
@@ -244,7 +244,6 @@ def main():
     t0 = time.perf_counter()
     from tiny_lm.data import DataConfig, StreamingBatches, open_source
     from tiny_lm.tokenizer import TokenizerConfig, train_tokenizer
-    import psutil
     spec = json.loads(sys.argv[1])
     t_import = time.perf_counter()
     src = open_source(DataConfig(dataset_id=spec["path"], streaming=True))
@@ -270,16 +269,13 @@ def main():
         if wrapped is not None and n >= wrapped + 50:
             break
     after = late.state()["position"]
-    workers_now = [c.memory_info().rss for c in psutil.Process().children(recursive=True)]
     late.close()
     t_end = time.perf_counter()
     print(json.dumps({
         "import_s": t_import - t0, "open_and_tokenizer_s": t_tok - t_import, "first_batch_s": t_first - t_tok,
         "time_to_first_batch_s": t_first - t_import, "200_batches_s": t_200 - t_first, "wrap_s": t_end - t_200,
         "batches_to_wrap": wrapped, "after_wrap": after,
-        "main_peak_rss_mb": peak_rss_mb(),
-        "worker_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        "children_rss_mb_before_close": [r / 2**20 for r in workers_now]}))
+        "main_peak_rss_mb": peak_rss_mb()}))
 
 if __name__ == "__main__":
     main()
@@ -308,12 +304,12 @@ def run_memory_script(script: Path, spec: dict) -> dict:
 def test_memory_is_bounded_on_a_2gib_corpus(tmp_path):
     """Streaming a 2 GiB .jsonl costs no more memory than a 20 MiB one.
 
-    In a subprocess (2 spawned tokenizer workers): open the source, train a 512-token tokenizer on 2000 documents,
+    In a subprocess (2 encoder threads): open the source, train a 512-token tokenizer on 2000 documents,
     draw the first batch (time-to-first-batch < 20 s), 200 batches, then restore a state pointing ~150 lines before
     the end of the file and stream across the epoch wrap back to the beginning.
-    Bounds: peak RSS of the 2 GiB run within +100 MB of the 20 MiB run (main process and the largest worker), and
-    below 600 MB (main process) and 300 MB (a worker) in absolute terms. Measured on the dev box (2 cores):
-    159 MB main and 50 MB per worker for both sizes, time to first batch 0.6 s.
+    Bounds: peak RSS of the 2 GiB run within +100 MB of the 20 MiB run, and below 600 MB in absolute terms (the
+    process does all the work: its encoder threads are inside it). Measured on the dev box (2 cores) with worker
+    processes before: 159 MB main and 50 MB per worker for both sizes, time to first batch 0.6 s.
     """
     if shutil.disk_usage(tmp_path).free < 6e9:
         pytest.skip(f"needs 6 GB free in {tmp_path} for the 2 GiB corpus, has {shutil.disk_usage(tmp_path).free / 1e9:.1f} GB")
@@ -332,16 +328,13 @@ def test_memory_is_bounded_on_a_2gib_corpus(tmp_path):
         print(f"\n[memory] {name} corpus ({spec['bytes'] / 2**20:.0f} MiB, written in {written:.1f} s): "
               f"import {res['import_s']:.2f} s, then time to first batch {res['time_to_first_batch_s']:.2f} s (open + tokenizer {res['open_and_tokenizer_s']:.2f} s, "
               f"first batch {res['first_batch_s']:.2f} s), 200 batches {res['200_batches_s']:.2f} s, "
-              f"wrap after {res['batches_to_wrap']} batches ({res['wrap_s']:.2f} s); peak RSS main {res['main_peak_rss_mb']:.0f} MB, "
-              f"worker {res['worker_peak_rss_mb']:.0f} MB (workers just before close: "
-              f"{', '.join(f'{r:.0f}' for r in res['children_rss_mb_before_close'])} MB)")
+              f"wrap after {res['batches_to_wrap']} batches ({res['wrap_s']:.2f} s); peak RSS {res['main_peak_rss_mb']:.0f} MB")
         assert res["time_to_first_batch_s"] < 20
         assert res["batches_to_wrap"] is not None, "the stream never wrapped to epoch 1"
         assert res["after_wrap"]["epoch"] == 1 and res["after_wrap"]["row"] < 5000, res["after_wrap"]  # back at the start
     small, big = results["20 MiB"], results["2 GiB"]
     assert big["main_peak_rss_mb"] < small["main_peak_rss_mb"] + 100
-    assert big["worker_peak_rss_mb"] < small["worker_peak_rss_mb"] + 100
-    assert big["main_peak_rss_mb"] < 600 and big["worker_peak_rss_mb"] < 300
+    assert big["main_peak_rss_mb"] < 600
 
 
 # --------------------------------------------------------------------------------------- 4. two-process share
@@ -459,7 +452,7 @@ def stream_everything(src, tokenizer, workers: int):
 
 @pytest.mark.parametrize("damage", GZIP_DAMAGE)
 def test_corrupt_gzip_fails_fast(tmp_path, tokenizer, damage):
-    """Streaming a gzip that is damaged deep inside stops with an error, with or without workers, and never hangs."""
+    """Streaming a gzip that is damaged deep inside stops with an error, with or without encoder threads, and never hangs."""
     path = write_corrupt_gzip(tmp_path / "damaged.txt.gz", damage)
     src = open_source(DataConfig(dataset_id=str(path)))  # the damage is past what open_source reads
     for workers in (0, 2):
@@ -467,7 +460,7 @@ def test_corrupt_gzip_fails_fast(tmp_path, tokenizer, damage):
         with deadline(60), pytest.raises(Exception) as e:
             stream_everything(src, tokenizer, workers)
         assert not isinstance(e.value, Hang)
-        print(f"\n[gzip] {damage}, {workers} workers: {type(e.value).__name__} after {time.perf_counter() - started:.1f} s: {e.value}")
+        print(f"\n[gzip] {damage}, {workers} threads: {type(e.value).__name__} after {time.perf_counter() - started:.1f} s: {e.value}")
         assert isinstance(e.value, TinyLMError), repr(e.value)
 
 

@@ -65,13 +65,13 @@ def _cached_rate(text: list[str], tokenizer: Tokenizer, separator: str, seq_len:
 
 def _streaming_rate(source, tokenizer: Tokenizer, seq_len: int, batch_size: int, num_workers: int,
                     n_tokens: int) -> tuple[float, float]:
-    "(steady tokens/s, seconds to the first batch) of `StreamingBatches` with `num_workers` tokenizer workers."
+    "(steady tokens/s, seconds to the first batch) of `StreamingBatches` with `num_workers` encoder threads."
     started = time.perf_counter()
     stream = StreamingBatches(source, tokenizer, seq_len, batch_size, num_workers=num_workers)
     next(stream)
     first = time.perf_counter() - started
     try:
-        _rate(lambda: next(stream), batch_size * seq_len, n_tokens)  # warm-up: drain what the workers made ahead
+        _rate(lambda: next(stream), batch_size * seq_len, n_tokens)  # warm-up: drain what the threads made ahead
         return _rate(lambda: next(stream), batch_size * seq_len, n_tokens), first
     finally:
         stream.close()

@@ -5,6 +5,7 @@
 # %% ../nbs/03_data.ipynb #31da92f5
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import hashlib
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from .encoding import TokenizerPool, token_dtype, tokenize_documents
+from .encoding import encode_chunks, token_dtype, tokenize_documents
 from .tokenizer import EOT, TinyLMError, tokenizer_fingerprint
 
 # %% auto #0
@@ -55,7 +56,7 @@ class DataConfig:
     stride: int | None = None  # tokens between window starts (None: seq_len, windows do not overlap)
     streaming: bool | None = None  # stream (True), cache on disk (False), or choose by source (None)
     shuffle_buffer_size: int = 1000  # windows in the streaming shuffle buffer (1: no shuffling)
-    num_workers: int | None = None  # tokenizer processes (None: one per CPU core, at most 4; 0: this process)
+    num_workers: int | None = None  # encoder threads (None: one per CPU core, at most 4; 0: the reading thread)
 
     def __post_init__(self):
         frac = _as_fraction(self.val_split)
@@ -70,7 +71,7 @@ class DataConfig:
 
     @property
     def workers(self) -> int:
-        "Tokenizer processes to start."
+        "Background threads that call the tokenizer, each encoding one chunk at a time with the GIL released."
         return min(os.cpu_count() or 1, 4) if self.num_workers is None else self.num_workers
 
 def _as_fraction(val_split: str) -> float | None:
@@ -608,15 +609,15 @@ def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir:
      "or in memory.")
     dtype = token_dtype(tokenizer.get_vocab_size())
     chunks = source.chunks(which, epochs=1, docs_per_chunk=256)
+    encoded = encode_chunks(chunks, tokenizer, source.separator, num_workers)
     if cache_dir is None:
-        with TokenizerPool(tokenizer, source.separator, num_workers) as pool:
-            return np.concatenate([tokens for tokens, _ in pool.imap(chunks)])
+        return np.concatenate([tokens for tokens, _ in encoded])
     path = token_cache_path(source, which, tokenizer, cache_dir)
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        with open(tmp, "wb") as f, TokenizerPool(tokenizer, source.separator, num_workers) as pool:
-            for tokens, _ in pool.imap(chunks):
+        with open(tmp, "wb") as f:
+            for tokens, _ in encoded:
                 f.write(tokens.tobytes())
         tmp.replace(path)
     return np.memmap(path, dtype=dtype, mode="r")
@@ -674,10 +675,9 @@ class _Packer:
     "The packer of `StreamingBatches`: chunks of documents in, windows of `seq_len + 1` tokens out."
     def _windows(self) -> Iterator[np.ndarray]:
         "Packed windows; `_position` and `_rest` always describe the stream just after the last one."
-        self._pool = TokenizerPool(self.tokenizer, self.source.separator, self.num_workers)
         chunks = self.source.chunks("train", self._position, process_index=self.spec["process_index"],
                                     process_count=self.spec["process_count"])
-        for tokens, position in self._pool.imap(chunks):
+        for tokens, position in encode_chunks(chunks, self.tokenizer, self.source.separator, self.num_workers):
             rest, start = np.concatenate([self._rest, tokens]), 0
             self._position = position
             while start + self.window <= len(rest):
@@ -745,7 +745,7 @@ class StreamingBatches(_Packer, _ShuffleBuffer, _StreamState):
             batch_size, seq_len + 1, stride or seq_len, buffer_size)
         self._position, self._rest, self._buffer, self.batches_done = dict(START), np.zeros(0, np.uint32), [], 0
         self._rng = np.random.Generator(np.random.PCG64([seed, process_index]))
-        self._pool, self._iter = None, None
+        self._iter = None
         if state is not None:
             self.load_state(state)
 
@@ -757,9 +757,10 @@ class StreamingBatches(_Packer, _ShuffleBuffer, _StreamState):
         return next(self._iter)
 
     def close(self) -> None:
-        "Stop the tokenizer workers."
-        if self._pool is not None:
-            self._pool.close()
+        "Stop the encoder threads (a stream still being read on another thread stops with its generator)."
+        if self._iter is not None:
+            with contextlib.suppress(ValueError):  # ValueError: that other thread is inside it now
+                self._iter.close()
 
 # %% ../nbs/03_data.ipynb #c11491d1
 def eval_windows(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int) -> list[np.ndarray]:

@@ -225,7 +225,7 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
     stride, global_B = data_cfg.stride or seq_len, B * process["process_count"]
     per_epoch = source.size_bytes / bpt / stride / global_B if source.size_bytes else None
     return PreparedData(batches, val_batches, unigram_loss(sample, val_targets, vocab), per_epoch,
-                        f"streaming: {data_cfg.workers} tokenizer workers, shuffle buffer "
+                        f"streaming: {data_cfg.workers} encoder threads, shuffle buffer "
                         f"{data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens; "
                         f"{source.val_description}")
 
