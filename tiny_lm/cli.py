@@ -199,7 +199,8 @@ def run_config_from_args(args) -> RunConfig:
 # %% ../nbs/09_cli.ipynb #e93cf368
 _PLANNED = {"model_preset": "--model-preset", "precision": "--precision", "batch_size": "--batch-size",
             "gradient_accumulation_steps": "--gradient-accumulation-steps", "learning_rate": "--learning-rate",
-            "save_every_minutes": "--save-every-minutes", "steps_per_call": "--steps-per-call"}
+            "save_every_minutes": "--save-every-minutes", "steps_per_call": "--steps-per-call",
+            "remat": "--remat"}
 
 def _planned_vocab(args, init) -> int:
     "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
@@ -236,6 +237,8 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         args.learning_rate = fitted.learning_rate
     if args.save_every_minutes is None:
         args.save_every_minutes = plan.save_every_minutes
+    if args.remat is None:
+        args.remat = fitted.remat
     if args.steps_per_call is None:  # fewer, if need be, so that each interval given keeps its steps
         intervals = [args.log_every, args.eval_every, args.save_every, args.max_steps]
         args.steps_per_call = steps_per_call_dividing(fitted.steps_per_call, intervals)

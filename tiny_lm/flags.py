@@ -66,7 +66,8 @@ _HELP = {
                   "on a GPU or TPU)",
     "remat": "what the backward pass recomputes instead of keeping, to fit a bigger batch in memory: none, block "
              "(each block's activations: the least memory, about a third more compute) or dots (keeps the matmul "
-             "outputs) (default: none)",
+             "outputs) (default: the --profile's: none on a CPU; on a GPU or TPU the least recomputation that "
+             "lets the planned batch fit without gradient accumulation)",
     "steps_per_call": "optimizer steps per compiled call (one scan over that many batches): fewer launches for a "
                       "small model on an accelerator; logging, evaluation, checkpoints and Ctrl-C/SIGTERM take "
                       "effect at the end of a call (default: the --profile's: 1 on a CPU, up to 10 for small models "
@@ -351,7 +352,8 @@ def _bench_train_parser(kinds) -> None:
                    help="micro-batches per optimizer step (default: 1)")
     t.add_argument("--steps-per-call", type=int, default=1, help="optimizer steps per compiled call, one scan over "
                    "that many batches (default: 1)")
-    t.add_argument("--remat", default="none", help=_HELP["remat"])
+    t.add_argument("--remat", default="none", help="what the backward pass recomputes instead of keeping: none, "
+                   "block or dots, as tiny-lm train --remat (default: none)")
     _mesh_flags(t, "as tiny-lm train chooses: replicated if the memory estimate fits")
     t.add_argument("--steps", type=int, default=300,
                    help="training steps to time, after the first (compiling) interval (default: 300)")

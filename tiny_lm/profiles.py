@@ -20,7 +20,7 @@ from .tokenizer import TinyLMError
 from .train import TrainConfig, peak_flops
 
 # %% auto #0
-__all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP',
+__all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER',
            'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'SAVE_MINUTES',
            'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours',
            'choose_preset', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing',
@@ -124,15 +124,19 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
 
 # %% ../nbs/04a_profiles.ipynb #3411f66d
 TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an accelerator
+REMAT_ORDER = ("none", "dots", "block")  # from the least recomputation to the most
 
-def choose_batch(cfg: ModelConfig, memory_bytes: int, kernel: str = "xla") -> tuple[int, int]:
-    """`(micro-batch, accumulation steps)` per device for `cfg`: TOKENS_PER_DEVICE_STEP tokens per step,
-    split to fit `memory_bytes`."""
-    fit = fitting_batch(cfg, max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len), memory_bytes, kernel=kernel)
-    if fit is None:
+def choose_batch(cfg: ModelConfig, memory_bytes: int, kernel: str = "xla") -> tuple[int, int, str]:
+    """`(micro-batch, accumulation steps, remat)` per device for `cfg`: TOKENS_PER_DEVICE_STEP tokens per step, at
+    once with the least rematerialization that fits them, else split into micro-batches that fit without it."""
+    batch = max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len)
+    fits = {remat: fitting_batch(cfg, batch, memory_bytes, kernel=kernel, remat=remat) for remat in REMAT_ORDER}
+    whole = [(*fit, remat) for remat, fit in fits.items() if fit is not None and fit[1] == 1]
+    split = [(*fit, remat) for remat, fit in fits.items() if fit is not None]
+    if not split:
         raise TinyLMError(f"not even one sequence of {cfg.seq_len} tokens fits in {memory_bytes / 2**30:.1f} GiB "
                           "for training: choose a smaller model")
-    return fit
+    return (whole or split)[0]
 
 # %% ../nbs/04a_profiles.ipynb #83cf5e75
 BASE_LEARNING_RATE, BASE_WIDTH = 3e-3, 128  # the defaults' rate, right for the tiny preset's width
@@ -180,6 +184,7 @@ class Plan:
     train_memory_bytes: int  # the estimate at one micro-batch
     compute_optimal_hours: float | None  # of the model, at ASSUMED_MFU (None where the peak is not known)
     steps_per_call: int = 1  # optimizer steps per compiled call
+    remat: str = "none"  # what the backward pass recomputes, to fit the batch at once (TrainConfig.remat)
     overridden: tuple[str, ...] = ()  # the flags given, which win over the plan
 
     @property
@@ -198,6 +203,7 @@ class Plan:
         return TrainConfig(**{"batch_size": self.batch_size,
                               "gradient_accumulation_steps": self.gradient_accumulation_steps,
                               "learning_rate": self.learning_rate, "save_every_minutes": self.save_every_minutes,
+                              "remat": self.remat,
                               "steps_per_call": steps_per_call_dividing(self.steps_per_call, intervals),
                               **overrides})
 
@@ -208,6 +214,7 @@ class Plan:
         model = f"{self.model_preset} preset" if self.model_preset else "the given model"
         accum = f" × {self.gradient_accumulation_steps} accumulation" if self.gradient_accumulation_steps > 1 else ""
         accum += f", {self.steps_per_call} steps per call" if self.steps_per_call > 1 else ""
+        accum += f", remat {self.remat}" if self.remat != "none" else ""
         return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): "
                 f"{model}, {self.seq_len} tokens, "
                 f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, "
@@ -242,13 +249,13 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
     preset = choose_preset(hw, vocab_size, num_devices, memory, device) if model is None else None
     cfg = model or replace(preset_config(preset, vocab_size), dtype=_precision(hw))
     kernel = attention_implementation(cfg, device=device)
-    micro, accum = choose_batch(cfg, memory, kernel)
+    micro, accum, remat = choose_batch(cfg, memory, kernel)
     peak = _peak(hw, cfg.dtype)
     return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum,
                 choose_learning_rate(cfg), cfg.dtype, kernel, SAVE_MINUTES[hw.platform],
-                train_memory_bytes(cfg, micro, kernel=kernel)["total"],
+                train_memory_bytes(cfg, micro, remat, kernel)["total"],
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None,
-                choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1)
+                choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat)
 
 # %% ../nbs/04a_profiles.ipynb #95de655a
 def profile_table(vocab_size: int = 4096) -> list[dict]:
@@ -259,6 +266,7 @@ def profile_table(vocab_size: int = 4096) -> list[dict]:
         cfg = p.model_config(vocab_size)
         rows.append({"profile": name, "preset": p.model_preset, "params": param_count(cfg), "seq_len": p.seq_len,
                      "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "steps/call": p.steps_per_call,
+                     "remat": p.remat,
                      "learning rate": f"{p.learning_rate:.2g}", "precision": p.precision_flag, "attention": p.attention,
                      "memory": f"{p.train_memory_bytes / 2**30:.1f}"
                                + (" GiB" if name == "cpu" else f" / {p.memory_bytes / 2**30:.1f} GiB"),

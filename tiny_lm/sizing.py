@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .model import ModelConfig
+from .model import REMAT, ModelConfig
 from .tokenizer import TinyLMError
 
 # %% auto #0
@@ -138,27 +138,33 @@ def target_config(
 def train_memory_bytes(
     cfg: ModelConfig,
     batch_size: int,  # sequences per micro-batch on one device
-    remat: bool = False,  # recompute each block's activations in the backward pass
+    remat: str = "none",  # what the backward pass recomputes (TrainConfig.remat): none, block or dots
     kernel: str = "xla",  # the attention kernel: 'xla' stores the scores; flash kernels ('cudnn', 'splash') never do
 ) -> dict[str, int]:
     "Estimated peak bytes of one training step on one device, by part, and their `total`."
+    if remat not in REMAT:
+        raise TinyLMError(f"remat {remat!r} is unknown: choose one of {', '.join(REMAT)}")
     P, D, F, H, T, L, V = param_count(cfg), cfg.d_model, cfg.d_ff, cfg.n_head, cfg.seq_len, cfg.n_layer, cfg.vocab_size
     low = cfg.dtype in ("bfloat16", "float16")
     act_bytes = 2 if low else 4
     scores = 4 * 3 * H * T if kernel == "xla" else 4 * H  # fp32 scores, or a flash kernel's softmax statistics
     per_block = act_bytes * (9 * D + 4 * F) + scores  # bytes per token
-    saved = L * act_bytes * D + per_block if remat else L * per_block
+    logits = 4 * 3 * V
+    matmul_outputs = 3 * D + 2 * (cfg.n_kv_head or H) * cfg.head_dim + (2 if cfg.use_swiglu else 1) * F
+    kept = {"none": L * per_block + logits,  # every block's activations, and the logits on top
+            "block": L * act_bytes * D + max(per_block, logits),  # the inputs, and one block or the logits at a time
+            "dots": L * act_bytes * (D + matmul_outputs) + max(per_block, logits)}[remat]
     trained = param_breakdown(cfg)["lora"] if cfg.lora_rank else P  # LoRA: gradients and moments for the adapters only
     parts = {"parameters": 4 * P + (2 * P if low else 0), "gradients": 4 * trained, "optimizer": 8 * trained,
-             "activations": batch_size * T * (saved + 4 * 3 * V)}
+             "activations": batch_size * T * kept}
     return {**parts, "total": sum(parts.values())}
 
-def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int,
-                  headroom: float = 0.9, kernel: str = "xla") -> tuple[int, int] | None:
+def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int, headroom: float = 0.9,
+                  kernel: str = "xla", remat: str = "none") -> tuple[int, int] | None:
     """The largest micro-batch (a divisor of `batch_size`) whose step fits in `headroom × memory_bytes`,
     and the accumulation steps that keep the batch; None if not even 1 fits."""
     for micro in sorted((b for b in range(1, batch_size + 1) if batch_size % b == 0), reverse=True):
-        if train_memory_bytes(cfg, micro, kernel=kernel)["total"] <= headroom * memory_bytes:
+        if train_memory_bytes(cfg, micro, remat, kernel)["total"] <= headroom * memory_bytes:
             return micro, batch_size // micro
     return None
 
