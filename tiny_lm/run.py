@@ -427,7 +427,7 @@ class Trainer:
             model_config = model_config or self.profile.model_config
             train_config = train_config or self.profile.train_config()
         self.given = (model_config, train_config, data_config)  # None: the recorded one, for a run that continues
-        self.model_config, self.train_config, self.data_config = continued_configs({}, *self.given)  # resumed: _open_run
+        self.model_config, self.train_config, self.data_config = continued_configs({}, *self.given)  # resumed later
         self.tokenizer_config = tokenizer_config or TokenizerConfig()
         asked = tokenizer_config is not None and not tokenizer_config.auto_vocab_size
         self.expect_vocab_size = tokenizer_config.vocab_size if asked else None
