@@ -19,6 +19,7 @@ from .bench import bench_data, bench_generate, bench_train, describe_bench, meas
 from .checkpoint import load_checkpoint, run_meta
 from .copies import cloud_destination, redact
 from .data import DataConfig, TextSource, open_source
+from .errors import TinyLMError
 from .export import export_hf
 from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
                            TRAIN_FLAGS, build_parser, check_ranges)
@@ -29,7 +30,7 @@ from .profiles import Plan, device_memory, match_hardware, plan_run, steps_per_c
 from .run import (RunConfig, Trainer, check_continued_model, describe_inspection, duration, inspect_run,
                          mesh_devices, recorded_model, resolve_resume, saved_run, split_cpu)
 from .sizing import PRESETS, preset_config, size_report, target_config
-from .tokenizer import TinyLMError, TokenizerConfig, load_tokenizer
+from .tokenizer import TokenizerConfig, load_tokenizer
 from .train import Interrupted, TrainConfig
 
 # %% auto #0

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from .tokenizer import EOT, TinyLMError, document_separator
+from .errors import TinyLMError
+from .tokenizer import EOT, document_separator
 
 # %% auto #0
 __all__ = ['token_dtype', 'tokenize_documents', 'serve_encoder', 'TokenizerPool']

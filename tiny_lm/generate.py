@@ -20,9 +20,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tokenizers import Tokenizer
 
+from .errors import TinyLMError
 from .model import ModelConfig, Transformer, attention_implementation, causal_attention, mesh_of, on_mesh
 from .parallel import batch_sharding, make_mesh
-from .tokenizer import END_OF_TEXT_TOKENS, EOT, TinyLMError, document_separator
+from .tokenizer import END_OF_TEXT_TOKENS, EOT, document_separator
 
 # %% auto #0
 __all__ = ['DECODE_CHUNK', 'filter_logits', 'sample_token', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache',

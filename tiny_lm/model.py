@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['ATTENTION_KERNELS', 'PRECISIONS', 'ModelConfig', 'cpu_matmul', 'Linear', 'rope_angles', 'apply_rope',

@@ -16,7 +16,7 @@ import jax
 from .model import PRECISIONS, ModelConfig, attention_implementation
 from .sizing import (
     PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, preset_config, train_memory_bytes)
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 from .train import TrainConfig, peak_flops
 
 # %% auto #0

@@ -30,6 +30,7 @@ from .checkpoint import (ARCHITECTURE_FIX, STEP_PREFIX, Checkpointer, base_finge
 from .copies import Destination, Mirror, check_destination, destination, fetch_run, is_url, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
                           open_source, token_cache_path, unigram_loss)
+from .errors import TinyLMError
 from .generate import evaluate_text, generate
 from .model import (ModelConfig, attention_implementation, count_params, default_precision, describe_attention,
                            merge_lora)
@@ -39,7 +40,7 @@ from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, 
                               use_cpu_cores)
 from .profiles import Plan, device_memory, plan_run
 from .sizing import TOKENS_PER_PARAM, param_count, preset_config, size_report
-from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
+from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
 from .train import (TrainConfig, continue_schedule, fit, in_notebook, init_model, legacy_schedule,
                            new_schedule, peak_flops, set_schedule, use_compile_cache)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from .model import ModelConfig
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'TOKENS_PER_PARAM', 'param_breakdown', 'param_count',

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from .data import step_batches
 from .model import ModelConfig, Transformer, mesh_of, on_mesh
 from .sizing import flops_per_token
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'warmup_for',
