@@ -31,7 +31,7 @@ from .copies import Destination, Mirror, check_destination, destination, fetch_r
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
                           open_source, token_cache_path, unigram_loss)
 from .errors import TinyLMError
-from .generate import evaluate_text, generate
+from .generate import generate
 from .model import (ModelConfig, attention_implementation, count_params, default_precision, describe_attention,
                            merge_lora)
 from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh,
@@ -39,10 +39,12 @@ from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, 
                               on_main_process, parse_mesh, path_name, sharded_init, sharded_memory_bytes, split_batch,
                               use_cpu_cores)
 from .profiles import Plan, device_memory, plan_run
+from .score import evaluate_text
+from .show import in_notebook
 from .sizing import TOKENS_PER_PARAM, param_count, preset_config, size_report
 from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
-from .train import (TrainConfig, continue_schedule, fit, in_notebook, init_model, legacy_schedule,
+from .train import (TrainConfig, continue_schedule, fit, init_model, legacy_schedule,
                            new_schedule, peak_flops, set_schedule, use_compile_cache)
 
 # %% auto #0

@@ -5,7 +5,6 @@
 # %% ../nbs/04_train.ipynb #90e2d7fb
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -30,6 +29,7 @@ from tqdm.auto import tqdm
 
 from .data import step_batches
 from .model import ModelConfig, Transformer, mesh_of, on_mesh
+from .show import LivePlot, in_notebook, plot_losses
 from .sizing import flops_per_token
 from .errors import TinyLMError
 
@@ -555,65 +555,6 @@ def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped
                           "lower --learning-rate or raise --warmup-steps (and check the data), "
                           "then continue with --resume-from")
 
-# %% ../nbs/04_train.ipynb #a519d4e2
-def loss_figure(train: dict[int, float], val: dict[int, float]):
-    "A matplotlib `Figure` of train and validation loss (`{step: loss}`) against steps."
-    from matplotlib.figure import Figure  # no pyplot: works headless and inside notebooks alike
-    fig = Figure(figsize=(6, 3.5), tight_layout=True)
-    ax = fig.add_subplot()
-    for points, style, label in [(train, "-", "train"), (val, "o-", "validation")]:
-        if points:
-            steps = sorted(points)
-            ax.plot(steps, [points[s] for s in steps], style, label=label)
-    ax.set(xlabel="step", ylabel="loss (nats/token)", title="tiny_lm training")
-    if train or val:
-        ax.legend()
-    return fig
-
-def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
-    ("Draw train and validation loss against steps from a `metrics.jsonl` "
-     "(a resumed run's repeated steps: the latest wins) into `loss.png`.")
-    train, val = {}, {}
-    for line in metrics_path.read_text().splitlines():
-        r = json.loads(line)
-        (val if "val_loss" in r else train)[r["step"]] = r.get("val_loss", r.get("loss"))
-    out = out or metrics_path.with_name("loss.png")
-    loss_figure(train, val).savefig(out, dpi=100)
-    return out
-
-# %% ../nbs/04_train.ipynb #1c6b41f6
-def in_notebook() -> bool:
-    "Whether this code runs in a Jupyter or Colab kernel (not a terminal, not a test runner)."
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in shell.config
-
-class LivePlot:
-    "The loss plot, redrawn in place below a notebook cell while `fit` runs: IPython display updates, no widget needed."
-    def __init__(self, every_seconds: float = 2.0):
-        self.every, self.handle, self.drawn = every_seconds, None, -math.inf
-        self.draws = 0  # how many times it was drawn
-
-    def update(self, run: TrainLog, force: bool = False) -> float:
-        "Redraw from `run` if `every_seconds` have passed (or `force`); returns the seconds it took."
-        started = time.perf_counter()
-        if not force and started - self.drawn < self.every:
-            return 0.0
-        from IPython.display import Image, display
-        buffer = io.BytesIO()
-        loss_figure({h["step"]: h["loss"] for h in run.history},
-                    {e["step"]: e["val_loss"] for e in run.evals}).savefig(buffer, format="png", dpi=80)
-        image = Image(buffer.getvalue())
-        if self.handle is None:
-            self.handle = display(image, display_id=True)
-        else:
-            self.handle.update(image)
-        self.drawn, self.draws = time.perf_counter(), self.draws + 1
-        return self.drawn - started
-
 # %% ../nbs/04_train.ipynb #b752fc83
 class Interrupted(Exception):
     "Training stopped on SIGTERM or Ctrl-C after `step` (its checkpoint saved when `fit` had a checkpoint callback)."
@@ -748,14 +689,9 @@ def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Op
 def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
     "The finished run's totals (wall time, time waiting for data), and loss.png drawn from all of metrics.jsonl."
     run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
-    if metrics_path is not None and metrics_path.exists() and not _plot_is_current(metrics_path):
-        plot_losses(metrics_path)
+    if metrics_path is not None and metrics_path.exists():
+        plot_losses(metrics_path, stale_only=True)
     return run
-
-def _plot_is_current(metrics_path: Path) -> bool:
-    "Whether loss.png was drawn after the last line of metrics.jsonl (a run ending on an evaluation): no redraw needed."
-    png = metrics_path.with_name("loss.png")  # a tie on a coarse clock counts as stale: drawn again
-    return png.exists() and png.stat().st_mtime_ns > metrics_path.stat().st_mtime_ns
 
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
