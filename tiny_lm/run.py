@@ -41,11 +41,11 @@ from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, 
 from .profiles import Plan, device_memory, plan_run
 from .score import evaluate_text
 from .show import in_notebook
-from .sizing import TOKENS_PER_PARAM, param_count, preset_config, size_report
+from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config, size_report
 from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
 from .train import (TrainConfig, continue_schedule, fit, init_model, legacy_schedule,
-                           new_schedule, peak_flops, set_schedule, use_compile_cache)
+                           new_schedule, set_schedule, use_compile_cache)
 
 # %% auto #0
 __all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'check_continued_model',
