@@ -9,6 +9,7 @@ __all__ = ['loss_figure', 'plot_losses', 'in_notebook', 'LivePlot', 'Playground'
 import io
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -48,13 +49,8 @@ def plot_losses(metrics_path: Path, out: Path | None = None, stale_only: bool = 
 
 # %% ../nbs/07b_show.ipynb #1c6b41f6
 def in_notebook() -> bool:
-    "Whether this code runs in a Jupyter or Colab kernel (not a terminal, not a test runner)."
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in shell.config
+    "Whether this code runs in a Jupyter or Colab kernel (not a terminal, not a test runner): tqdm.auto's own test."
+    return "ipykernel.zmqshell" in sys.modules  # so the live plot shows exactly where the progress bar is a widget
 
 class LivePlot:
     "The loss plot, redrawn in place below a notebook cell while `fit` runs: IPython display updates, no widget needed."
