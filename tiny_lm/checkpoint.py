@@ -24,8 +24,9 @@ from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 from tokenizers import Tokenizer
 
+from .errors import TinyLMError
 from .model import ModelConfig, Transformer
-from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
+from .tokenizer import load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['STEP_PREFIX', 'RESUMABLE_FIELDS', 'ARCHITECTURE_FIX', 'step_of', 'saved_state', 'Checkpointer', 'DataStateHandler',

@@ -19,17 +19,19 @@ from .bench import bench_data, bench_generate, bench_train, describe_bench, meas
 from .checkpoint import load_checkpoint, run_meta
 from .copies import cloud_destination, redact
 from .data import DataConfig, TextSource, open_source
+from .errors import TinyLMError
 from .export import export_hf
 from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
                            TRAIN_FLAGS, build_parser, check_ranges)
-from .generate import check_sampling, evaluate_text, generate_batch
+from .generate import check_sampling, generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
 from .profiles import Plan, device_memory, match_hardware, plan_run, steps_per_call_dividing
 from .run import (RunConfig, Trainer, check_continued_model, describe_inspection, duration, inspect_run,
                          mesh_devices, recorded_model, resolve_resume, saved_run, split_cpu)
+from .score import evaluate_text
 from .sizing import PRESETS, preset_config, size_report, target_config
-from .tokenizer import TinyLMError, TokenizerConfig, load_tokenizer
+from .tokenizer import TokenizerConfig, load_tokenizer
 from .train import Interrupted, TrainConfig
 
 # %% auto #0

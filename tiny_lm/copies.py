@@ -21,7 +21,7 @@ from pathlib import Path
 import fsspec
 
 from .checkpoint import STEP_PREFIX, link_or_copy, step_of
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['PROVIDERS', 'PACKAGES', 'COMPLETE', 'RUN_FILE', 'RUN_FILES', 'SECRET_VARIABLES', 'RETRY_DELAYS', 'redact',

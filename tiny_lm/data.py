@@ -30,7 +30,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .encoding import encode_chunks, token_dtype, tokenize_documents
-from .tokenizer import EOT, TinyLMError, tokenizer_fingerprint
+from .errors import TinyLMError
+from .tokenizer import EOT, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'DataConfig',

@@ -15,8 +15,9 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from .checkpoint import load_checkpoint, run_meta
+from .errors import TinyLMError
 from .model import ModelConfig, Transformer, merge_lora
-from .tokenizer import END_OF_TEXT_TOKENS, TinyLMError, document_separator
+from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
 __all__ = ['check_exportable', 'llama_weights', 'llama_config', 'save_hf', 'export_hf']

@@ -14,7 +14,7 @@ from .model import PRECISIONS
 from .parallel import usable_cores
 from .profiles import PROFILES
 from .sizing import PRESET_LABELS, PRESETS
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['DATA_FLAGS', 'TOKENIZER_FLAGS', 'MODEL_FLAGS', 'SHAPE_FLAGS', 'TRAIN_FLAGS', 'MODEL_RENAMES', 'EXPORT_FORMATS',

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .cpu import dot_general
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['ATTENTION_KERNELS', 'REMAT', 'PRECISIONS', 'ModelConfig', 'Linear', 'rope_angles', 'apply_rope',

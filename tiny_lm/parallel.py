@@ -20,7 +20,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .model import ModelConfig
 from .sizing import train_memory_bytes
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['MESH_AXES', 'SHARDING_RULES', 'cpu_split', 'device_info', 'device_banner', 'make_mesh', 'parse_mesh', 'describe_mesh',

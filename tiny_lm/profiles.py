@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import jax
 
 from .model import PRECISIONS, ModelConfig, attention_implementation
-from .sizing import (
-    PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, preset_config, train_memory_bytes)
-from .tokenizer import TinyLMError
-from .train import TrainConfig, peak_flops
+from .sizing import (PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, peak_flops,
+                            preset_config, train_memory_bytes)
+from .errors import TinyLMError
+from .train import TrainConfig
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER',

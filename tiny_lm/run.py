@@ -30,7 +30,8 @@ from .checkpoint import (ARCHITECTURE_FIX, STEP_PREFIX, Checkpointer, base_finge
 from .copies import Destination, Mirror, check_destination, destination, fetch_run, is_url, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
                           open_source, token_cache_path, unigram_loss)
-from .generate import evaluate_text, generate
+from .errors import TinyLMError
+from .generate import generate
 from .model import (ModelConfig, attention_implementation, count_params, default_precision, describe_attention,
                            merge_lora)
 from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh,
@@ -38,20 +39,20 @@ from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, 
                               on_main_process, parse_mesh, path_name, sharded_init, sharded_memory_bytes, split_batch,
                               use_cpu_cores)
 from .profiles import Plan, device_memory, plan_run
-from .sizing import TOKENS_PER_PARAM, param_count, preset_config, size_report
-from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
+from .score import evaluate_text
+from .show import in_notebook
+from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config, size_report
+from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
-from .train import (TrainConfig, continue_schedule, fit, in_notebook, init_model, legacy_schedule,
-                           new_schedule, peak_flops, set_schedule, use_compile_cache)
+from .train import (TrainConfig, continue_schedule, fit, init_model, legacy_schedule,
+                           new_schedule, set_schedule, use_compile_cache)
 
 # %% auto #0
 __all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'check_continued_model',
            'continued_configs', 'private_tokens', 'shared_tokens', 'PreparedData', 'prepare_data', 'prepare_tokenizer',
            'main_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big', 'load_base', 'write_merged',
-           'recorded_model', 'carry_metrics', 'close_copies', 'duration', 'RunState', 'Trainer', 'open_run',
-           'prepare_data_and_tokenizer', 'model_config_for', 'resumed_batch', 'build_model', 'restore_run',
-           'already_done', 'saved_schedule', 'schedule_run', 'open_checkpoints', 'describe_run', 'train',
-           'eval_sampler', 'summarize', 'publish_run', 'report', 'inspect_run', 'describe_inspection']
+           'recorded_model', 'carry_metrics', 'close_copies', 'duration', 'RunState', 'Trainer', 'inspect_run',
+           'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #e65ad816
 @dataclass(frozen=True)
@@ -429,7 +430,7 @@ class Trainer:
             model_config = model_config or self.profile.model_config
             train_config = train_config or self.profile.train_config()
         self.given = (model_config, train_config, data_config)  # None: the recorded one, for a run that continues
-        self.model_config, self.train_config, self.data_config = continued_configs({}, *self.given)  # open_run: resumed
+        self.model_config, self.train_config, self.data_config = continued_configs({}, *self.given)  # resumed later
         self.tokenizer_config = tokenizer_config or TokenizerConfig()
         asked = tokenizer_config is not None and not tokenizer_config.auto_vocab_size
         self.expect_vocab_size = tokenizer_config.vocab_size if asked else None
@@ -439,25 +440,25 @@ class Trainer:
 
     def fit(self) -> dict:
         "Train; returns the training summary (also written to output_dir/training_summary.json by process 0)."
-        state = open_run(self)
-        prepare_data_and_tokenizer(self, state)
-        build_model(self, state)
-        restore_run(self, state)
-        schedule_run(self, state)
+        state = _open_run(self)
+        _prepare_data_and_tokenizer(self, state)
+        _build_model(self, state)
+        _restore_run(self, state)
+        _schedule_run(self, state)
         if state.start >= state.total_steps:
-            return already_done(self, state)
-        open_checkpoints(self, state)
-        describe_run(self, state)
-        result = train(self, state)
-        summary = summarize(self, state, result)
-        publish_run(self, state, summary)
-        report(self, state, summary)
+            return _already_done(self, state)
+        _open_checkpoints(self, state)
+        _describe_run(self, state)
+        result = _train(self, state)
+        summary = _summarize(self, state, result)
+        _publish_run(self, state, summary)
+        _report(self, state, summary)
         self.model, self.optimizer, self.tokenizer = state.model, state.optimizer, state.tokenizer
         self.summary = summary
         return summary
 
 # %% ../nbs/08a_run.ipynb #c5e1800b
-def open_run(t: Trainer) -> RunState:
+def _open_run(t: Trainer) -> RunState:
     "Read what the run continues or starts from, check its copies and its data: nothing is written before this passes."
     started = time.perf_counter()
     use_compile_cache(t.run.compile_cache)  # before anything compiles
@@ -476,7 +477,7 @@ def open_run(t: Trainer) -> RunState:
     return RunState(started, saved, resume_from, run_id, init, source, info)
 
 # %% ../nbs/08a_run.ipynb #fe7d95f9
-def prepare_data_and_tokenizer(t: Trainer, s: RunState) -> None:
+def _prepare_data_and_tokenizer(t: Trainer, s: RunState) -> None:
     "The tokenizer (given, reused or trained), the model for its vocabulary, the batch, the data and the run's length."
     out = t.output_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -488,22 +489,22 @@ def prepare_data_and_tokenizer(t: Trainer, s: RunState) -> None:
     s.bpt = bytes_per_token(s.tokenizer, islice(s.source.documents("val"), 500))
     t.say(f"tokenizer: {s.bpt:.2f} bytes per token on validation text; documents separated by "
           f"{document_separator(s.tokenizer)[1]}")
-    s.model_cfg = model_config_for(t.model_config, s.tokenizer.get_vocab_size(), s.saved, s.init)
-    s.train_cfg = resumed_batch(t.train_config, s.saved, t.say)
+    s.model_cfg = _model_config_for(t.model_config, s.tokenizer.get_vocab_size(), s.saved, s.init)
+    s.train_cfg = _resumed_batch(t.train_config, s.saved, t.say)
     s.data = prepare_data(s.source, s.tokenizer, t.data_config, s.model_cfg.seq_len, s.train_cfg, out, s.bpt)
     if s.data.per_epoch is None and s.train_cfg.epochs is not None:
         raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
     accum = s.train_cfg.gradient_accumulation_steps
     s.total_steps = s.train_cfg.total_steps(s.data.per_epoch / accum if s.data.per_epoch else math.inf)
 
-def model_config_for(cfg: ModelConfig | Callable | None, vocab_size: int, saved: dict,
+def _model_config_for(cfg: ModelConfig | Callable | None, vocab_size: int, saved: dict,
                      init: tuple | None) -> ModelConfig:
     "The model a run builds for the tokenizer's `vocab_size`: given, or the recorded one, or the tiny preset."
     if cfg is None:
         cfg = recorded_model(saved, init) or replace(preset_config("tiny", vocab_size), dtype=default_precision())
     return replace(cfg(vocab_size) if callable(cfg) else cfg, vocab_size=vocab_size)
 
-def resumed_batch(train_cfg: TrainConfig, saved: dict, say=print) -> TrainConfig:
+def _resumed_batch(train_cfg: TrainConfig, saved: dict, say=print) -> TrainConfig:
     "A resumed run keeps its global batch on any number of devices: the per-device batch is what makes it so."
     n = batch_devices()
     if not saved.get("global_batch_size") or saved["global_batch_size"] == train_cfg.batch_size * n:
@@ -514,7 +515,7 @@ def resumed_batch(train_cfg: TrainConfig, saved: dict, say=print) -> TrainConfig
     return replace(train_cfg, batch_size=per_device)
 
 # %% ../nbs/08a_run.ipynb #8320f517
-def build_model(t: Trainer, s: RunState) -> None:
+def _build_model(t: Trainer, s: RunState) -> None:
     "The mesh, the model and optimizer on it (with a base run's weights for a fine-tune), and the run's record."
     s.mesh = run_mesh(t.run.mesh, s.model_cfg, s.train_cfg.batch_size)
     warn_if_too_big(s.model_cfg, s.train_cfg.batch_size, s.mesh.shape["fsdp"], t.say)
@@ -526,7 +527,7 @@ def build_model(t: Trainer, s: RunState) -> None:
     if s.init_ref:
         s.config["init_from"] = s.init_ref
 
-def restore_run(t: Trainer, s: RunState) -> None:
+def _restore_run(t: Trainer, s: RunState) -> None:
     "A resumed run: the newest readable step's weights, optimizer and data state (damaged newer steps set aside)."
     if s.resume_from is None:
         if is_main_process():
@@ -545,7 +546,7 @@ def restore_run(t: Trainer, s: RunState) -> None:
               f"(now {', '.join(p.name for p in moved)})")
     t.say(f"resumed {s.resume_from} at step {s.start} of {s.total_steps}")
 
-def already_done(t: Trainer, s: RunState) -> dict:
+def _already_done(t: Trainer, s: RunState) -> dict:
     "A resumed run that has trained all its steps: say so and return its summary."
     t.say(f"the run is complete (step {s.start} of {s.total_steps}): raise --max-steps or --epochs to train further, "
           "or pass --overwrite to start afresh")
@@ -555,7 +556,7 @@ def already_done(t: Trainer, s: RunState) -> dict:
     return json.loads(done.read_text()) if done.exists() else {"total_steps": s.start}
 
 # %% ../nbs/08a_run.ipynb #09ee61c4
-def saved_schedule(saved: dict, total_steps: int) -> dict:
+def _saved_schedule(saved: dict, total_steps: int) -> dict:
     "The schedule a resumed run trained with: recorded, or rebuilt from the settings of a run saved before runs did."
     if "schedule" in saved:
         return saved["schedule"]
@@ -563,18 +564,18 @@ def saved_schedule(saved: dict, total_steps: int) -> dict:
     length = train.max_steps if train.epochs is None else total_steps  # an epochs run's length was not recorded
     return legacy_schedule(train, length)
 
-def schedule_run(t: Trainer, s: RunState) -> None:
+def _schedule_run(t: Trainer, s: RunState) -> None:
     ("The run's learning rates: a new run's schedule, or a resumed run's continued from its step "
      "(04_train's `continue_schedule`: the same length resumes exactly, another never jumps); recorded with the run.")
     if s.resume_from is None:
         s.config["schedule"] = new_schedule(s.train_cfg, s.total_steps)  # what init_model gave the optimizer
         return
-    s.config["schedule"] = continue_schedule(saved_schedule(s.saved, s.total_steps), s.train_cfg, s.start,
+    s.config["schedule"] = continue_schedule(_saved_schedule(s.saved, s.total_steps), s.train_cfg, s.start,
                                              s.total_steps)
     set_schedule(s.optimizer, s.train_cfg, s.config["schedule"])
 
 # %% ../nbs/08a_run.ipynb #9ca6b251
-def open_checkpoints(t: Trainer, s: RunState) -> None:
+def _open_checkpoints(t: Trainer, s: RunState) -> None:
     "The run's checkpointer and its copies, model_config.json, and the metrics file (a new run's starts afresh)."
     out = t.output_dir
     s.ckpt = Checkpointer(out, meta={"config": s.config, "tokenizer_fingerprint": tokenizer_fingerprint(s.tokenizer)},
@@ -593,7 +594,7 @@ def open_checkpoints(t: Trainer, s: RunState) -> None:
     else:  # a resumed run appends after its step: a crash may have logged steps past the last save (run again now)
         carry_metrics(metrics if metrics.exists() else s.resume_from / "metrics.jsonl", metrics, s.start)
 
-def describe_run(t: Trainer, s: RunState) -> None:
+def _describe_run(t: Trainer, s: RunState) -> None:
     "Three lines before the first step: the model and data, the mesh and effective batch, the compute."
     n, accum, cfg = batch_devices(), s.train_cfg.gradient_accumulation_steps, s.model_cfg
     global_batch = s.config["global_batch_size"]
@@ -611,7 +612,7 @@ def describe_run(t: Trainer, s: RunState) -> None:
     t.say(f"compute: {cfg.dtype} (parameters {cfg.param_dtype}) | {describe_attention(cfg)}")
 
 # %% ../nbs/08a_run.ipynb #af687898
-def train(t: Trainer, s: RunState):
+def _train(t: Trainer, s: RunState):
     "The loop (04_train's `fit`) from the start step; a stop by signal or error still finishes the copies in flight."
     main, out = is_main_process(), t.output_dir
     try:
@@ -619,7 +620,7 @@ def train(t: Trainer, s: RunState):
             return fit(s.model, s.optimizer, s.data.batches, s.train_cfg, s.total_steps, val_batches=s.data.val_batches,
                        start_step=s.start, put=batch_put(s.mesh), val_put=global_put(s.mesh), checkpoint=s.ckpt,
                        progress=t.run.progress and main, log=t.say, output_dir=out if main else None,
-                       peak=peak_flops(s.model_cfg.dtype), on_eval=eval_sampler(t, s.tokenizer),
+                       peak=peak_flops(s.model_cfg.dtype), on_eval=_eval_sampler(t, s.tokenizer),
                        schedule=s.config["schedule"])
         finally:
             s.ckpt.wait()
@@ -629,7 +630,7 @@ def train(t: Trainer, s: RunState):
         close_copies(s.ckpt.copies, t.say, timeout=20)
         raise
 
-def eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
+def _eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
     "What `fit` calls after each evaluation: print a short sample of the model as it is (None: no samples)."
     if not t.eval_sample_tokens or t.run.sample_prompt is None:
         return None
@@ -640,7 +641,7 @@ def eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
     return sample
 
 # %% ../nbs/08a_run.ipynb #4fb3b7b9
-def summarize(t: Trainer, s: RunState, run) -> dict:
+def _summarize(t: Trainer, s: RunState, run) -> dict:
     "The training summary: the usual run-summary fields, validation and speed figures, and where everything is."
     evals = run.evals or [{"val_loss": None, "step": None}]
     best = min((e for e in evals if e["val_loss"] is not None), key=lambda e: e["val_loss"], default=evals[-1])
@@ -674,7 +675,7 @@ def summarize(t: Trainer, s: RunState, run) -> dict:
     return summary
 
 # %% ../nbs/08a_run.ipynb #15a402ca
-def publish_run(t: Trainer, s: RunState, summary: dict) -> None:
+def _publish_run(t: Trainer, s: RunState, summary: dict) -> None:
     "best_checkpoint/ and final_checkpoint/ (the seed layout), their copies, and training_summary.json."
     best = best_step(s.ckpt)  # every process: reading a step through Orbax is a collective on many hosts
     if is_main_process():
@@ -691,7 +692,7 @@ def publish_run(t: Trainer, s: RunState, summary: dict) -> None:
             mirror.copy_run_files()  # the summary too
     s.ckpt.close()
 
-def report(t: Trainer, s: RunState, summary: dict) -> None:
+def _report(t: Trainer, s: RunState, summary: dict) -> None:
     "The last lines: how good and how fast, the compute-optimal token budget, and a sample."
     mfu = f"MFU {summary['mfu']:.1%}, " if summary["mfu"] is not None else ""
     t.say(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {s.data.baseline:.4f}), "

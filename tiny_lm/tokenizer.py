@@ -14,14 +14,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-# %% auto #0
-__all__ = ['EOT', 'VOCAB_MARGIN', 'END_OF_TEXT_TOKENS', 'TinyLMError', 'TokenizerConfig', 'train_tokenizer', 'bytes_per_token',
-           'VocabChoice', 'choose_vocab_size', 'tokenizer_fingerprint', 'load_tokenizer', 'document_separator',
-           'get_tokenizer']
+from .errors import TinyLMError
 
-# %% ../nbs/00_tokenizer.ipynb #ce29de5c
-class TinyLMError(Exception):
-    "A mistake in the user's input: the message says what was wrong and how to fix it."
+# %% auto #0
+__all__ = ['EOT', 'VOCAB_MARGIN', 'END_OF_TEXT_TOKENS', 'TokenizerConfig', 'train_tokenizer', 'bytes_per_token', 'VocabChoice',
+           'choose_vocab_size', 'tokenizer_fingerprint', 'load_tokenizer', 'document_separator', 'get_tokenizer']
 
 # %% ../nbs/00_tokenizer.ipynb #85698580
 EOT = "<|endoftext|>"  # separates documents in the token stream

@@ -5,11 +5,9 @@
 # %% ../nbs/04_train.ipynb #90e2d7fb
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-import platform
 import signal
 import threading
 import time
@@ -28,16 +26,17 @@ from tqdm.auto import tqdm
 
 from .cpu import compiler_options, one_all_reduce
 from .data import step_batches
+from .errors import TinyLMError
 from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
-from .sizing import flops_per_token
-from .tokenizer import TinyLMError
+from .show import LivePlot, in_notebook, plot_losses
+from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
-__all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'warmup_for',
+__all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig', 'warmup_for',
            'new_schedule', 'legacy_schedule', 'schedule_fn', 'lr_schedule', 'continue_schedule', 'decay_mask',
            'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn', 'chunked_cross_entropy',
            'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate',
-           'cpu_peak_flops', 'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
+           'TrainLog', 'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -374,64 +373,6 @@ def evaluate(eval_step, state, val_batches: Sequence[np.ndarray], put: Callable 
     losses = [eval_step(state, put(b)) * len(b) for b in val_batches]
     return float(sum(losses) / sum(len(b) for b in val_batches))
 
-# %% ../nbs/04_train.ipynb #3a9c7211
-# device kind substring: dense FLOP/s per chip (bf16/fp16, fp32 as XLA runs it)
-PEAK_FLOPS: dict[str, tuple[float, float]] = {
-    "TPU v2": (45e12, 45e12), "TPU v3": (123e12, 123e12), "TPU v4": (275e12, 275e12),
-    "TPU v5 lite": (197e12, 197e12), "TPU v5e": (197e12, 197e12), "TPU v5": (459e12, 459e12),
-    "TPU v6 lite": (918e12, 918e12), "TPU v6e": (918e12, 918e12), "TPU7x": (2307e12, 2307e12),
-    "B200": (2250e12, 1100e12), "H200": (989e12, 494e12), "H100 PCIe": (756e12, 378e12), "H100": (989e12, 494e12),
-    "A100": (312e12, 156e12), "A10G": (70e12, 35e12), "L40S": (362e12, 183e12), "L4": (121e12, 60e12),
-    "V100": (125e12, 15.7e12), "T4": (65e12, 8.1e12),
-}
-
-def _cpu_name() -> str:
-    try:
-        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
-    except OSError:
-        names = []
-    return f"{names[0] if names else platform.processor() or platform.machine()} × {os.cpu_count()} cores"
-
-def cpu_peak_flops(cache: Path | None = None) -> float:
-    "The best fp32 matmul FLOP/s JAX reaches on this machine's CPU, measured once (under a second) and cached per CPU."
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / "cpu_peak_flops.json"
-    key = f"{_cpu_name()} | jax {jax.__version__} | best of many"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key not in known:
-        cpu = jax.devices("cpu")[0]
-        best = 0.0
-        for n in (256, 512, 768):
-            a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
-            matmul = jax.jit(lambda a: a @ a)
-            matmul(a).block_until_ready()
-            # ~0.2 s per size: a few calls leave the threads asleep and halve the figure
-            for _ in range(max(20, int(4e10 / (2 * n**3)))):
-                started = time.perf_counter()
-                matmul(a).block_until_ready()
-                best = max(best, 2 * n**3 / (time.perf_counter() - started))
-        known[key] = best
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(known, indent=1))
-        except OSError:
-            pass  # a read-only home: measure again next time
-    return known[key]
-
-def peak_flops(dtype: str = "float32", devices: Sequence | None = None) -> float | None:
-    ("Peak FLOP/s of `devices` (default: all) computing in `dtype`: the table × the device count, "
-     "the measured CPU peak, or None if unknown.")
-    devices = devices or jax.devices()
-    if devices[0].platform == "cpu":
-        return cpu_peak_flops()
-    kind = devices[0].device_kind.lower()
-    for name, (low, full) in PEAK_FLOPS.items():
-        if name.lower() in kind:
-            return (low if dtype in ("bfloat16", "float16") else full) * len(devices)
-    return None
-
 # %% ../nbs/04_train.ipynb #de7e91c9
 @dataclass
 class TrainLog:
@@ -515,65 +456,6 @@ def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped
                           "those updates were skipped, so the model and its last checkpoint hold the last good state: "
                           "lower --learning-rate or raise --warmup-steps (and check the data), "
                           "then continue with --resume-from")
-
-# %% ../nbs/04_train.ipynb #a519d4e2
-def loss_figure(train: dict[int, float], val: dict[int, float]):
-    "A matplotlib `Figure` of train and validation loss (`{step: loss}`) against steps."
-    from matplotlib.figure import Figure  # no pyplot: works headless and inside notebooks alike
-    fig = Figure(figsize=(6, 3.5), tight_layout=True)
-    ax = fig.add_subplot()
-    for points, style, label in [(train, "-", "train"), (val, "o-", "validation")]:
-        if points:
-            steps = sorted(points)
-            ax.plot(steps, [points[s] for s in steps], style, label=label)
-    ax.set(xlabel="step", ylabel="loss (nats/token)", title="tiny_lm training")
-    if train or val:
-        ax.legend()
-    return fig
-
-def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
-    ("Draw train and validation loss against steps from a `metrics.jsonl` "
-     "(a resumed run's repeated steps: the latest wins) into `loss.png`.")
-    train, val = {}, {}
-    for line in metrics_path.read_text().splitlines():
-        r = json.loads(line)
-        (val if "val_loss" in r else train)[r["step"]] = r.get("val_loss", r.get("loss"))
-    out = out or metrics_path.with_name("loss.png")
-    loss_figure(train, val).savefig(out, dpi=100)
-    return out
-
-# %% ../nbs/04_train.ipynb #1c6b41f6
-def in_notebook() -> bool:
-    "Whether this code runs in a Jupyter or Colab kernel (not a terminal, not a test runner)."
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in shell.config
-
-class LivePlot:
-    "The loss plot, redrawn in place below a notebook cell while `fit` runs: IPython display updates, no widget needed."
-    def __init__(self, every_seconds: float = 2.0):
-        self.every, self.handle, self.drawn = every_seconds, None, -math.inf
-        self.draws = 0  # how many times it was drawn
-
-    def update(self, run: TrainLog, force: bool = False) -> float:
-        "Redraw from `run` if `every_seconds` have passed (or `force`); returns the seconds it took."
-        started = time.perf_counter()
-        if not force and started - self.drawn < self.every:
-            return 0.0
-        from IPython.display import Image, display
-        buffer = io.BytesIO()
-        loss_figure({h["step"]: h["loss"] for h in run.history},
-                    {e["step"]: e["val_loss"] for e in run.evals}).savefig(buffer, format="png", dpi=80)
-        image = Image(buffer.getvalue())
-        if self.handle is None:
-            self.handle = display(image, display_id=True)
-        else:
-            self.handle.update(image)
-        self.drawn, self.draws = time.perf_counter(), self.draws + 1
-        return self.drawn - started
 
 # %% ../nbs/04_train.ipynb #b752fc83
 class Interrupted(Exception):
@@ -709,14 +591,9 @@ def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Op
 def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
     "The finished run's totals (wall time, time waiting for data), and loss.png drawn from all of metrics.jsonl."
     run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
-    if metrics_path is not None and metrics_path.exists() and not _plot_is_current(metrics_path):
-        plot_losses(metrics_path)
+    if metrics_path is not None and metrics_path.exists():
+        plot_losses(metrics_path, stale_only=True)
     return run
-
-def _plot_is_current(metrics_path: Path) -> bool:
-    "Whether loss.png was drawn after the last line of metrics.jsonl (a run ending on an evaluation): no redraw needed."
-    png = metrics_path.with_name("loss.png")  # a tie on a coarse clock counts as stale: drawn again
-    return png.exists() and png.stat().st_mtime_ns > metrics_path.stat().st_mtime_ns
 
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
