@@ -5,7 +5,7 @@ The emulator reads a multipart upload (gcsfs sends every file under 5 MiB as one
 takes the line break before a boundary to be CRLF when it can. gcsfs ends each part with LF alone, so a file whose last
 byte is CR lost that byte. Orbax's binary files (OCDBT data files, manifests) end in CR now and then (5 step folders
 in 331 seen), so now and then the copy of the step a run resumed from was short, and the resume fell back to an older
-step. Here each LF before a boundary becomes CRLF, as RFC 2046 writes it.
+step. Here each LF before a boundary becomes CRLF, as RFC 2046 writes it."""
 import sys
 
 from gcp_storage_emulator import server
