@@ -590,7 +590,6 @@ def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir:
                 num_workers: int = 0) -> np.ndarray:
     ("One epoch of the 'train' or 'val' split: memory-mapped from `cache_dir` (built there first if needed), "
      "or in memory.")
-    dtype = token_dtype(tokenizer.get_vocab_size())
     chunks = source.chunks(which, epochs=1, docs_per_chunk=256)
     encoded = encode_chunks(chunks, tokenizer, source.separator, num_workers)
     if cache_dir is None:
@@ -603,7 +602,7 @@ def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir:
             for tokens, _ in encoded:
                 f.write(tokens.tobytes())
         tmp.replace(path)
-    return np.memmap(path, dtype=dtype, mode="r")
+    return np.memmap(path, dtype=token_dtype(tokenizer.get_vocab_size()), mode="r")
 
 # %% ../nbs/03_data.ipynb #26670055
 def first_tokens(source: TextSource, which: str, tokenizer: Tokenizer, n_tokens: int) -> np.ndarray:
@@ -650,8 +649,7 @@ class Batches:
         return np.concatenate([self._order(int(e))[at[epoch == e]] for e in np.unique(epoch)]) * self.stride
 
     def __getitem__(self, step: int) -> np.ndarray:
-        starts = self.window_starts(step)
-        return self.tokens[starts[:, None] + np.arange(self.seq_len + 1)].astype(np.int32)
+        return self.tokens[self.window_starts(step)[:, None] + np.arange(self.seq_len + 1)].astype(np.int32)
 
 # %% ../nbs/03_data.ipynb #4201733f
 class _Packer:
