@@ -174,10 +174,8 @@ def get_tokenizer(
     texts,  # a function returning an iterable of training documents, called only when training
     cfg: TokenizerConfig = TokenizerConfig(),
     retrain: bool = False,  # train a new tokenizer even if `path` exists
-    # an explicitly requested size, checked against a reused tokenizer (None with auto)
-    expect_vocab_size: int | None = None,
-    # receives the automatic choice when `cfg.auto_vocab_size` trains
-    on_choice: Callable[[VocabChoice], None] | None = None,
+    expect_vocab_size: int | None = None,  # the size asked for (None with auto): a reused tokenizer must have it
+    on_choice: Callable[[VocabChoice], None] | None = None,  # receives the choice when `cfg.auto_vocab_size` trains
 ) -> tuple[Tokenizer, bool]:
     "Reuse the tokenizer at `path` or train and save a new one; returns `(tokenizer, trained)`."
     path = Path(path)
