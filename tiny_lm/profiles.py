@@ -24,7 +24,7 @@ __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSU
            'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'SAVE_MINUTES',
            'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours',
            'choose_preset', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing',
-           'Plan', 'plan_run', 'profile_table']
+           'Plan', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -79,8 +79,7 @@ def match_hardware(kind: str) -> Hardware | None:
     return next((hw for hw in HARDWARE.values() if re.search(hw.pattern, kind.lower())), None)
 
 def detect_hardware(device=None) -> Hardware | None:
-    """The hardware of `device` (default: the first local one), with the memory it reports:
-    the table's entry, or a new one for an accelerator the table does not know; None for a CPU."""
+    "The table's entry for `device` (default: the first local one), else a new one, with its memory; None: a CPU."
     device = device or jax.local_devices()[0]
     if device.platform == "cpu":
         return None
@@ -127,16 +126,14 @@ TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an ac
 REMAT_ORDER = ("none", "dots", "block")  # from the least recomputation to the most
 
 def choose_batch(cfg: ModelConfig, memory_bytes: int, kernel: str = "xla") -> tuple[int, int, str]:
-    """`(micro-batch, accumulation steps, remat)` per device for `cfg`: TOKENS_PER_DEVICE_STEP tokens per step, at
-    once with the least rematerialization that fits them, else split into micro-batches that fit without it."""
+    "`(micro-batch, accumulation steps, remat)` per device: TOKENS_PER_DEVICE_STEP tokens at once if a remat fits them."
     batch = max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len)
-    fits = {remat: fitting_batch(cfg, batch, memory_bytes, kernel=kernel, remat=remat) for remat in REMAT_ORDER}
-    whole = [(*fit, remat) for remat, fit in fits.items() if fit is not None and fit[1] == 1]
-    split = [(*fit, remat) for remat, fit in fits.items() if fit is not None]
-    if not split:
+    fits = [(*fit, remat) for remat in REMAT_ORDER  # from the least recomputation: the first whole batch wins
+            if (fit := fitting_batch(cfg, batch, memory_bytes, kernel=kernel, remat=remat)) is not None]
+    if not fits:
         raise TinyLMError(f"not even one sequence of {cfg.seq_len} tokens fits in {memory_bytes / 2**30:.1f} GiB "
                           "for training: choose a smaller model")
-    return (whole or split)[0]
+    return next((fit for fit in fits if fit[1] == 1), fits[0])  # else the least remat's micro-batches
 
 # %% ../nbs/04a_profiles.ipynb #83cf5e75
 BASE_LEARNING_RATE, BASE_WIDTH = 3e-3, 128  # the defaults' rate, right for the tiny preset's width
@@ -157,8 +154,7 @@ def choose_steps_per_call(cfg: ModelConfig, tokens_per_step: int, peak: float, m
     return next((k for k in STEPS_PER_CALL if k * step_seconds >= CALL_SECONDS), STEPS_PER_CALL[-1])
 
 def steps_per_call_dividing(k: int, intervals: Sequence[int | None]) -> int:
-    ("The most steps per call, up to `k`, that divides every interval given (--log-every, --eval-every, --save-every, "
-     "--max-steps; None: not given), so that each still lands on its own steps.")
+    "The most steps per call, up to `k`, dividing every interval given (None: not given): each lands on its own steps."
     return max(c for c in STEPS_PER_CALL if c <= k and all(n is None or n % c == 0 for n in intervals))
 
 # %% ../nbs/04a_profiles.ipynb #bbf23b73
@@ -197,15 +193,12 @@ class Plan:
         return replace(preset_config(self.model_preset or "tiny", vocab_size), dtype=self.precision)
 
     def train_config(self, **overrides) -> TrainConfig:
-        ("The planned training settings, with `overrides` (any TrainConfig field) on top; the steps per call "
-         "divide the intervals overridden.")
+        "The planned training settings under `overrides` (any TrainConfig field); steps per call divide those given."
         intervals = [overrides.get(k) for k in ("log_every", "eval_every", "save_every", "max_steps")]
-        return TrainConfig(**{"batch_size": self.batch_size,
-                              "gradient_accumulation_steps": self.gradient_accumulation_steps,
-                              "learning_rate": self.learning_rate, "save_every_minutes": self.save_every_minutes,
-                              "remat": self.remat,
-                              "steps_per_call": steps_per_call_dividing(self.steps_per_call, intervals),
-                              **overrides})
+        planned = dict(batch_size=self.batch_size, gradient_accumulation_steps=self.gradient_accumulation_steps,
+                       learning_rate=self.learning_rate, save_every_minutes=self.save_every_minutes, remat=self.remat,
+                       steps_per_call=steps_per_call_dividing(self.steps_per_call, intervals))
+        return TrainConfig(**planned | overrides)
 
     def describe(self) -> str:
         "One line for the banner."
@@ -233,8 +226,7 @@ def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig 
 
 def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
              num_devices: int | None = None) -> Plan | None:
-    """The plan of `profile` (auto: this machine's device) for a vocabulary of `vocab_size`;
-    `model` fixes the model (only its batch and learning rate are planned). None for `none`."""
+    "The plan of `profile` (auto: this device; none: None) for `vocab_size`; a given `model` gets its batch and rate."
     if profile not in PROFILES:
         raise TinyLMError(f"--profile {profile} is not known: choose one of {', '.join(PROFILES)}")
     if profile == "none":
@@ -256,20 +248,3 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
                 train_memory_bytes(cfg, micro, remat, kernel)["total"],
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None,
                 choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat)
-
-# %% ../nbs/04a_profiles.ipynb #95de655a
-def profile_table(vocab_size: int = 4096) -> list[dict]:
-    "Every named profile's plan for one device, as rows: what `--profile NAME` starts with."
-    rows = []
-    for name in PROFILES[1:-1]:
-        p = plan_run(name, vocab_size)
-        cfg = p.model_config(vocab_size)
-        rows.append({"profile": name, "preset": p.model_preset, "params": param_count(cfg), "seq_len": p.seq_len,
-                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "steps/call": p.steps_per_call,
-                     "remat": p.remat,
-                     "learning rate": f"{p.learning_rate:.2g}", "precision": p.precision_flag, "attention": p.attention,
-                     "memory": f"{p.train_memory_bytes / 2**30:.1f}"
-                               + (" GiB" if name == "cpu" else f" / {p.memory_bytes / 2**30:.1f} GiB"),
-                     "hours": None if p.compute_optimal_hours is None else round(p.compute_optimal_hours, 2),
-                     "save every": f"{p.save_every_minutes:g} min"})
-    return rows

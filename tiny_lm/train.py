@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from functools import partial
 from pathlib import Path
 
@@ -33,10 +33,10 @@ from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
 __all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig', 'warmup_for',
-           'new_schedule', 'legacy_schedule', 'schedule_fn', 'lr_schedule', 'continue_schedule', 'decay_mask',
-           'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn', 'chunked_cross_entropy',
-           'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate',
-           'TrainLog', 'Interrupted', 'stop_signals', 'fit']
+           'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule', 'decay_mask', 'make_optimizer',
+           'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn', 'chunked_cross_entropy', 'dropout_key',
+           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog',
+           'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -69,11 +69,6 @@ class TrainConfig:
 
     def __post_init__(self):
         _check_train_config(self)
-
-    @property
-    def sequences_per_step(self) -> int:
-        "Sequences one device consumes per optimizer step (× devices for the whole step)."
-        return self.batch_size * self.gradient_accumulation_steps
 
     def total_steps(self, steps_per_epoch: float) -> int:
         "Optimizer steps in the run, given how many steps one epoch takes."
@@ -136,27 +131,18 @@ def legacy_schedule(cfg: TrainConfig, total_steps: int) -> dict:
 def _segment_rates(seg: dict) -> optax.Schedule:
     "One segment, counted from its start: linear from `start_lr` to `peak_lr`, then a cosine to `end_lr`."
     decay_steps = max(seg["total_steps"] - 1 - seg["start"] - seg["warmup_steps"], 1)  # to the last update
-    decay = optax.cosine_decay_schedule(seg["peak_lr"], decay_steps, alpha=seg["end_lr"] / seg["peak_lr"])
-    if seg["warmup_steps"] == 0:
-        return decay
-    rise = optax.linear_schedule(seg["start_lr"], seg["peak_lr"], seg["warmup_steps"])
-    return optax.join_schedules([rise, decay], [seg["warmup_steps"]])
+    return optax.warmup_cosine_decay_schedule(seg["start_lr"], seg["peak_lr"], seg["warmup_steps"],
+                                              seg["warmup_steps"] + decay_steps, seg["end_lr"])
 
 def schedule_fn(schedule: dict) -> optax.Schedule:
     "The learning rate of each update (optax's count: 0 is the first) under `schedule`: its segments joined."
     segments = schedule["segments"]
     return optax.join_schedules([_segment_rates(s) for s in segments], [s["start"] for s in segments[1:]])
 
-def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
-    "The learning rates of a new run of `total_steps` (`new_schedule`)."
-    return schedule_fn(new_schedule(cfg, total_steps))
-
 # %% ../nbs/04_train.ipynb #621f563a
 def continue_schedule(saved: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
     ("The schedule of a run resumed at step `start` for `total_steps`: the saved one if its length and rates are "
-     "unchanged (an exact resume); else a new segment from `start` that re-warms from the rate in force there at the "
-     "saved warm-up's slope, for at most a tenth of the new steps (to `learning_rate`, or less on a short "
-     "continuation), then decays along a cosine to the end rate at `total_steps`.")
+     "unchanged (an exact resume); else the saved one to `start`, then a segment that re-warms and decays to the end.")
     peak, end = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
     if (saved["total_steps"], saved["peak_lr"], saved["end_lr"]) == (total_steps, peak, end):
         return saved
@@ -180,8 +166,7 @@ def decay_mask(params) -> object:
     return jax.tree_util.tree_map_with_path(decays, params)
 
 def make_optimizer(cfg: TrainConfig, total_steps: int, schedule: dict | None = None) -> optax.GradientTransformation:
-    ("Global-norm clipping then AdamW at the rates of `schedule` (default: a new run's of `total_steps`), decay on "
-     "`decay_mask`, all skipped on non-finite gradients.")
+    "Clipping, then AdamW at the rates of `schedule` (default: a new run's), decay on `decay_mask`: `clip_or_skip`."
     rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
     adamw = optax.adamw(rates, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay,
                         mask=decay_mask)
@@ -218,8 +203,7 @@ def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
     return model, nnx.Optimizer(model, make_optimizer(train_cfg, total_steps, schedule), wrt=wrt)
 
 def set_schedule(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict) -> None:
-    ("Give `optimizer` the rates of `schedule` (a resumed run's, known once its step is restored): the state's layout "
-     "does not depend on the schedule, so a restored state stays valid.")
+    "Give `optimizer` the rates of `schedule` (a resumed run's): the state does not depend on them, so it stays valid."
     optimizer.tx = make_optimizer(cfg, schedule["total_steps"], schedule)
 
 def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None,
@@ -402,16 +386,17 @@ class TrainLog:
         "Tokens trained on in this call."
         return self.steps * self.tokens_per_step
 
-    def _steady(self) -> tuple[dict, dict] | None:
-        return (self.history[0], self.history[-1]) if len(self.history) >= 2 else None
+    def _steady(self, key: str, amount: Callable[[dict], float]) -> float:
+        "What `amount` of a log record gains per second, from the first log step to the last."
+        if len(self.history) < 2:  # one log step: its own `key`, which leaves out compilation like the others
+            return self.history[0][key] if self.history else 0.0
+        first, last = self.history[0], self.history[-1]
+        return (amount(last) - amount(first)) / (last["clock"] - first["clock"])
 
     @property
     def tokens_per_sec(self) -> float:
         "Steady-state throughput: from the first log step (compilation done) to the last, evaluation excluded."
-        if not self._steady():  # one log step: its own rate, which leaves out compilation like the others
-            return self.history[0]["tokens_per_sec"] if self.history else 0.0
-        first, last = self._steady()
-        return self.tokens_per_step * (last["step"] - first["step"]) / (last["clock"] - first["clock"])
+        return self._steady("tokens_per_sec", lambda h: self.tokens_per_step * h["step"])
 
     @property
     def mfu(self) -> float | None:
@@ -421,10 +406,7 @@ class TrainLog:
     @property
     def outside_step_fraction(self) -> float:
         "Share of the steady state's wall time spent on the host outside the compiled step."
-        if not self._steady():
-            return self.history[0]["outside_step_fraction"] if self.history else 0.0
-        first, last = self._steady()
-        return (last["outside"] - first["outside"]) / (last["clock"] - first["clock"])
+        return self._steady("outside_step_fraction", lambda h: h["outside"])
 
 # %% ../nbs/04_train.ipynb #d816e4f6
 def _write_jsonl(path: Path | None, record: dict) -> None:
@@ -469,8 +451,7 @@ class Interrupted(Exception):
 
 @contextmanager
 def stop_signals():
-    ("While open: SIGTERM and a first Ctrl-C are appended to the yielded list (stop after this step); "
-     "a second Ctrl-C interrupts at once.")
+    "While open: SIGTERM and a first Ctrl-C go on the yielded list (stop after this step); a second interrupts at once."
     requested: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield requested
@@ -487,8 +468,7 @@ def stop_signals():
             signal.signal(s, handler)
 
 def _on_any_process(*values: int) -> list[int]:
-    ("Each of `values` (flags, or a signal number; 0 for none), the largest over all processes: "
-     "every process gets the same answers, in one exchange.")
+    "Each of `values` (flags, or a signal number; 0: none), the largest over all processes: one exchange, same answers."
     if jax.process_count() == 1:
         return [int(v) for v in values]
     from jax.experimental import multihost_utils
@@ -508,13 +488,10 @@ def _reporting(model: Transformer, start_step: int, peak: float | None, output_d
 
 def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable, state, seq_len: int, steps: int,
                      steps_per_call: int):
-    ("Fetch the next `steps` batches, put them on the devices and run `steps` optimizer steps on them in one call: "
-     "`(state, metrics, data_state)`.")
+    "Put the next `steps` batches on the devices and train on them in one call: `(state, metrics, data_state)`."
     fetched = time.perf_counter()
-    batches_BT = []
-    for _ in range(steps):
-        batch, data_state = next(loader)
-        batches_BT.append(put(batch))
+    batches, data_states = zip(*(next(loader) for _ in range(steps)))
+    batches_BT = [put(batch) for batch in batches]
     called = time.perf_counter()
     state, metrics = train_step(state, batches_BT[0] if steps_per_call == 1 else tuple(batches_BT))
     if run.steps == 0 or steps != steps_per_call:  # the first call (and a last, shorter one) traces and compiles
@@ -523,7 +500,7 @@ def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable,
         run.tokens_per_step = batches_BT[0].shape[0] * seq_len
     run.outside += called - fetched
     run.steps += steps
-    return state, metrics, data_state
+    return state, metrics, data_states[-1]
 
 def _crossed(before: int, done: int, every: int) -> bool:
     "Whether a multiple of `every` lies in (before, done]: a call of several steps lands on the next boundary."
@@ -540,8 +517,7 @@ def _log_step(run: TrainLog, cfg: TrainConfig, before: int, done: int, total_ste
 # %% ../nbs/04_train.ipynb #2a768c97
 def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches, checkpoint: Callable | None,
          requested: list[int], last_save: float) -> tuple[bool, bool, int]:
-    ("What the call that took the run from step `before` to `done` calls for, the same on every process: "
-     "evaluate, save, stop (the signal number; 0: no).")
+    "What the call from step `before` to `done` calls for, the same on every process: evaluate, save, stop (a signal)."
     evaluating = val_batches and (_crossed(before, done, cfg.eval_every) or done == total_steps)
     stop, late = 0, False  # a signal to any process stops all; a save that is due by the clock on any process saves all
     if jax.process_count() == 1 or _crossed(before, done, cfg.log_every):  # many processes compare at log steps only
@@ -553,11 +529,8 @@ def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches
     return evaluating, saving, stop
 
 @contextmanager
-def _paused(run: TrainLog, metrics: dict, pausing: bool):
-    "When `pausing`, the time inside counts as evaluation and checkpointing, not training."
-    if not pausing:
-        yield
-        return
+def _paused(run: TrainLog, metrics: dict):
+    "The time inside counts as evaluation and checkpointing, not training."
     jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
     paused = time.perf_counter()
     yield
@@ -631,7 +604,7 @@ def fit(
                 _log_step(run, cfg, before, done, total_steps, metrics, rates, bar, live, metrics_path)
                 evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested,
                                                 last_save)
-                with _paused(run, metrics, evaluating or saving):
+                with _paused(run, metrics) if evaluating or saving else nullcontext():
                     if evaluating:
                         _evaluate(run, done, metrics, evaluate(eval_step, state, val_batches, val_put), metrics_path,
                                   bar.write if progress else log, live, on_eval, model, optimizer, state)
