@@ -103,15 +103,15 @@ def _random_batches(cfg: ModelConfig, batch_size: int, accum: int) -> Batches:
     return Batches(tokens.astype(token_dtype(cfg.vocab_size)), cfg.seq_len, local_rows,
                    process_index=jax.process_index(), process_count=jax.process_count())
 
-def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumulation_steps: int = 1,
+def bench_train(cfg: ModelConfig, batch_size: int = 16, gradient_accumulation_steps: int = 1,
                 steps: int = 300,  # steps timed, after the first (compiling) interval
                 steps_per_call: int = 1,  # optimizer steps per compiled call (TrainConfig.steps_per_call)
                 mesh: str | dict | None = None,  # None: as tiny-lm train chooses
                 trace: str | Path | None = None,  # also profile 10 more steps into this folder
                 remat: str = "none",  # what the backward pass recomputes (TrainConfig.remat)
+                memory: bool = True,  # also XLA's temporary memory of the compiled step (it compiles once more)
                 ) -> dict:
-    "Train `model_config` on random tokens through the real loop: tokens/s, step time, MFU, compile time, host share."
-    cfg = model_config
+    "Train `cfg` on random tokens through the real loop: tokens/s, step time, MFU, compile time, host share."
     device_mesh = run_mesh(mesh, cfg, batch_size)
     log_every = max(1, steps // 10 // steps_per_call) * steps_per_call  # every interval: whole calls
     train_cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
@@ -129,10 +129,11 @@ def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumu
               "steps": steps, "tokens_per_step": run.tokens_per_step, "params": count_params(model),
               "mesh": dict(device_mesh.shape), "attention": describe_attention(cfg),
               "device": {k: v for k, v in device_info().items() if k != "devices"},
-              "step_temp_bytes": _step_temp_bytes(model, optimizer, batches, train_cfg, device_mesh),
               "config": {**cfg.to_dict(), "batch_size": batch_size,
                          "gradient_accumulation_steps": gradient_accumulation_steps, "steps_per_call": steps_per_call,
                          "remat": remat}}
+    if memory:
+        result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, train_cfg, device_mesh)
     if trace:
         result["trace"] = {"dir": str(trace), **_traced_steps(model, optimizer, batches, train_cfg, device_mesh, trace)}
     return result

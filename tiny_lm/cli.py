@@ -328,7 +328,7 @@ def run_size(args) -> dict:
     cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
     report = size_report(cfg, args.batch_size, device_memory(), kernel=attention_implementation(cfg))
     if args.measure:
-        report["measured_tokens_per_sec"] = bench_train(cfg, args.batch_size, steps=5)["tokens_per_sec"]
+        report["measured_tokens_per_sec"] = bench_train(cfg, args.batch_size, steps=5, memory=False)["tokens_per_sec"]
         report["compute_optimal_seconds"] = report["compute_optimal_tokens"] / report["measured_tokens_per_sec"]
     print(json.dumps(report) if args.json else _describe_size(report, args.batch_size))
     return report
