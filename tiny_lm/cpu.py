@@ -16,7 +16,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 # %% auto #0
-__all__ = ['fast_path', 'cpu_matmul', 'dot_general', 'compiler_options', 'one_all_reduce']
+__all__ = ['fast_path', 'cpu_matmul', 'dot_general', 'compiler_options', 'scan_layers', 'one_all_reduce']
 
 # %% ../nbs/15_performance.ipynb #8c227487
 def fast_path() -> bool:
@@ -67,6 +67,15 @@ def _cpu_options() -> tuple[tuple[str, str], ...]:
 def compiler_options() -> dict:
     "XLA options for the train and eval steps: on a CPU, YNNPACK library fusions and the tree-reduction rewrite off."
     return dict(_cpu_options()) if fast_path() else {}
+
+# %% ../nbs/15_performance.ipynb #5070e374
+def scan_layers(body: Callable, carry, xs):
+    "`jax.lax.scan(body, carry, xs)` over the layers: unrolled where lowered for a CPU, rolled elsewhere."
+    rolled = lambda carry, xs: jax.lax.scan(body, carry, xs)
+    if not fast_path():
+        return rolled(carry, xs)
+    unrolled = lambda carry, xs: jax.lax.scan(body, carry, xs, unroll=True)
+    return jax.lax.platform_dependent(carry, xs, cpu=unrolled, default=rolled)
 
 # %% ../nbs/15_performance.ipynb #f222d925
 def _replicated_mesh(state) -> Mesh | None:

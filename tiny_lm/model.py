@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .cpu import dot_general
+from .cpu import dot_general, scan_layers
 from .errors import TinyLMError
 
 # %% auto #0
@@ -379,7 +379,7 @@ class Transformer(nnx.Module):
             return nnx.merge(graphdef, params)(x_BTD, rope_TK, key, kv, start)
         if REMAT[remat] is not None:
             block = jax.checkpoint(block, policy=REMAT[remat])
-        return jax.lax.scan(block, x_BTD, (layers, keys_L, cache))
+        return scan_layers(block, x_BTD, (layers, keys_L, cache))
 
     def extend(self, tokens_BT: jax.Array, cache: dict, start) -> tuple[jax.Array, dict]:
         "Logits of tokens at window positions `start …`, their keys and values written into `cache` (07_generate)."
