@@ -377,8 +377,8 @@ class Transformer(nnx.Module):
         def block(x_BTD, layer):
             params, key, kv = layer
             return nnx.merge(graphdef, params)(x_BTD, rope_TK, key, kv, start)
-        if REMAT[remat] is not None:
-            block = jax.checkpoint(block, policy=REMAT[remat])
+        if REMAT[remat] is not None:  # a rolled loop: unrolled, XLA would undo the recomputation on a CPU
+            return jax.lax.scan(jax.checkpoint(block, policy=REMAT[remat]), x_BTD, (layers, keys_L, cache))
         return scan_layers(block, x_BTD, (layers, keys_L, cache))
 
     def extend(self, tokens_BT: jax.Array, cache: dict, start) -> tuple[jax.Array, dict]:
