@@ -81,7 +81,7 @@ def test_another_architecture_is_refused_naming_each_field_and_nothing_changes(t
             f"Trainer(ModelConfig(seq_len=32, d_model=64, n_layer=2, n_head=2), output_dir={str(out)!r}).fit()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
-        f"tiny_lm.tokenizer.TinyLMError: cannot continue {out} with another architecture: {changes}: leave the model "
+        f"tiny_lm.errors.TinyLMError: cannot continue {out} with another architecture: {changes}: leave the model "
         "settings out to continue it, or pass another output_dir (or overwrite=True) to start a new run"), r.stderr
     assert digest() == before
 
@@ -814,7 +814,7 @@ def test_a_copied_lora_run_finds_its_base_beside_it(trained, tmp_path):
     assert r.returncode == 0 and "resumed" in r.stdout and f"go on base run {copy / os.pardir / 'base'}" in r.stdout, r.stderr
 
     from tiny_lm.checkpoint import load_run
-    from tiny_lm.tokenizer import TinyLMError
+    from tiny_lm.errors import TinyLMError
     hidden = tmp_path / "hidden"
     base.rename(hidden)
     with pytest.raises(TinyLMError, match="not found: tried") as e:

@@ -23,7 +23,8 @@ import pytest
 
 from test_cli import JAX_CACHE  # the CLI tests' compilation cache (check.sh's, for the whole run)
 from tiny_lm.data import Batches, DataConfig, StreamingBatches, load_tokens, open_source
-from tiny_lm.tokenizer import TinyLMError, TokenizerConfig, train_tokenizer
+from tiny_lm.errors import TinyLMError
+from tiny_lm.tokenizer import TokenizerConfig, train_tokenizer
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "ve", "da", "qu", "xi", "zo", "ba", "fe", "gu", "th", "er"]

@@ -11,10 +11,11 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from test_cli import GQA, snapshot, tiny_lm
 from tiny_lm.checkpoint import Checkpointer, load_checkpoint, run_meta
+from tiny_lm.errors import TinyLMError
 from tiny_lm.export import export_hf, save_hf
 from tiny_lm.generate import generate
 from tiny_lm.model import ModelConfig, Transformer, add_lora, apply_rope, rope_angles
-from tiny_lm.tokenizer import TinyLMError, tokenizer_fingerprint
+from tiny_lm.tokenizer import tokenizer_fingerprint
 
 # GQA: 2 layers, 4 query heads sharing 2 key/value heads: query head h reads key/value head h // 2 in both libraries
 TOLERANCE = 1e-4  # max |logit difference| between tiny_lm and transformers, both in float32

@@ -151,7 +151,7 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(short_run, tmp_path
         overwrite_with_random_bytes(out / "checkpoint_step_20")
     r = tiny_lm("train", *SHORT, "25", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
-    assert "warning: checkpoint_step_20 (" in r.stdout + r.stderr and "restored step 15 instead" in r.stdout
+    assert "warning: checkpoint_step_20 (" in r.stderr and "cannot be read (damaged): using step 15 instead" in r.stderr
     assert "moved the unreadable checkpoint_step_20 aside (now checkpoint_step_20.damaged)" in r.stdout
     assert f"resumed {out} at step 15 of 25" in r.stdout
     assert (out / "checkpoint_step_20.damaged").is_dir() and steps_on_disk(out)[-1] == 25

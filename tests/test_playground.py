@@ -7,7 +7,8 @@ from test_cli import ENV, SMALL, tiny_lm
 DRIVE = """
 import sys
 from tiny_lm.checkpoint import load_checkpoint
-from tiny_lm.generate import generate, playground
+from tiny_lm.generate import generate
+from tiny_lm.show import playground
 out = sys.argv[1]
 pg = playground(out, prompt="KING", max_new_tokens=20)
 shown = []

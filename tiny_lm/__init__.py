@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Trainer": "run", "RunConfig": "run", "ModelConfig": "model", "TrainConfig": "train", "DataConfig": "data",
     "TokenizerConfig": "tokenizer",
-    "load_checkpoint": "checkpoint", "generate": "generate", "generate_batch": "generate", "evaluate_text": "generate",
+    "load_checkpoint": "checkpoint", "generate": "generate", "generate_batch": "generate", "evaluate_text": "score",
     "export_hf": "export", "use_cpu_cores": "parallel",
 }
 __all__ = list(_EXPORTS)

@@ -11,7 +11,7 @@ import os
 import tempfile
 import time
 from dataclasses import replace
-from itertools import islice
+from itertools import accumulate, count, islice
 from pathlib import Path
 
 import jax
@@ -22,17 +22,17 @@ from tokenizers import Tokenizer, models
 from .checkpoint import load_checkpoint
 from .data import BUILTIN_CORPUS, Batches, DataConfig, StreamingBatches, open_source
 from .encoding import token_dtype, tokenize_documents
+from .errors import TinyLMError
 from .generate import check_sampling, generate_batch
 from .model import ModelConfig, Transformer, count_params, describe_attention
 from .parallel import batch_devices, batch_put, device_info, sharded_init
 from .run import run_mesh
 from .sizing import preset_config
-from .tokenizer import TinyLMError, TokenizerConfig, load_tokenizer, train_tokenizer
+from .tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
 from .train import TrainConfig, fit, init_model, make_train_step
 
 # %% auto #0
-__all__ = ['bench_data', 'bench_train', 'op_kind', 'op_times', 'describe_bench', 'placeholder_tokenizer', 'bench_generate',
-           'measure_speed']
+__all__ = ['bench_data', 'bench_train', 'op_kind', 'op_times', 'describe_bench', 'bench_generate']
 
 # %% ../nbs/08b_bench.ipynb #a0658c19
 def _rate(make_batch, tokens_per_batch: int, n_tokens: int) -> float:
@@ -45,13 +45,8 @@ def _rate(make_batch, tokens_per_batch: int, n_tokens: int) -> float:
 
 def _bench_text(docs: list[str], n_tokens: int) -> list[str]:
     "The first documents, about as much text as `n_tokens` tokens need (4 bytes per token is generous)."
-    text, n_bytes = [], 0
-    for doc in docs:
-        text.append(doc)
-        n_bytes += len(doc.encode())
-        if n_bytes > 4 * n_tokens:
-            break
-    return text
+    n_bytes = accumulate(len(doc.encode()) for doc in docs)
+    return docs[:next((i + 1 for i, n in enumerate(n_bytes) if n > 4 * n_tokens), len(docs))]
 
 def _cached_rate(text: list[str], tokenizer: Tokenizer, separator: str, seq_len: int, batch_size: int,
                  n_tokens: int) -> float:
@@ -60,7 +55,7 @@ def _cached_rate(text: list[str], tokenizer: Tokenizer, separator: str, seq_len:
         path = Path(cache) / "tokens.bin"
         path.write_bytes(tokenize_documents(text, tokenizer, separator).tobytes())
         cached = Batches(np.memmap(path, token_dtype(tokenizer.get_vocab_size()), mode="r"), seq_len, batch_size)
-        steps = iter(range(2**62))
+        steps = count()
         return _rate(lambda: cached[next(steps)], batch_size * seq_len, n_tokens)
 
 def _streaming_rate(source, tokenizer: Tokenizer, seq_len: int, batch_size: int, num_workers: int,
@@ -108,19 +103,20 @@ def _random_batches(cfg: ModelConfig, batch_size: int, accum: int) -> Batches:
     return Batches(tokens.astype(token_dtype(cfg.vocab_size)), cfg.seq_len, local_rows,
                    process_index=jax.process_index(), process_count=jax.process_count())
 
-def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumulation_steps: int = 1,
+def bench_train(cfg: ModelConfig, batch_size: int = 16, gradient_accumulation_steps: int = 1,
                 steps: int = 300,  # steps timed, after the first (compiling) interval
                 steps_per_call: int = 1,  # optimizer steps per compiled call (TrainConfig.steps_per_call)
                 mesh: str | dict | None = None,  # None: as tiny-lm train chooses
                 trace: str | Path | None = None,  # also profile 10 more steps into this folder
+                remat: str = "none",  # what the backward pass recomputes (TrainConfig.remat)
+                memory: bool = True,  # also XLA's temporary memory of the compiled step (it compiles once more)
                 ) -> dict:
-    "Train `model_config` on random tokens through the real loop: tokens/s, step time, MFU, compile time, host share."
-    cfg = model_config
+    "Train `cfg` on random tokens through the real loop: tokens/s, step time, MFU, compile time, host share."
     device_mesh = run_mesh(mesh, cfg, batch_size)
     log_every = max(1, steps // 10 // steps_per_call) * steps_per_call  # every interval: whole calls
     train_cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
                             max_steps=steps + log_every, warmup_steps=10, log_every=log_every,
-                            steps_per_call=steps_per_call)
+                            steps_per_call=steps_per_call, remat=remat)
     batches = _random_batches(cfg, batch_size, gradient_accumulation_steps)
     model, optimizer = sharded_init(lambda: init_model(cfg, train_cfg, train_cfg.max_steps), device_mesh)
     run = fit(model, optimizer, batches, train_cfg, train_cfg.max_steps, put=batch_put(device_mesh), progress=False)
@@ -134,18 +130,20 @@ def bench_train(model_config: ModelConfig, batch_size: int = 16, gradient_accumu
               "mesh": dict(device_mesh.shape), "attention": describe_attention(cfg),
               "device": {k: v for k, v in device_info().items() if k != "devices"},
               "config": {**cfg.to_dict(), "batch_size": batch_size,
-                         "gradient_accumulation_steps": gradient_accumulation_steps, "steps_per_call": steps_per_call}}
-    result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, gradient_accumulation_steps, device_mesh)
+                         "gradient_accumulation_steps": gradient_accumulation_steps, "steps_per_call": steps_per_call,
+                         "remat": remat}}
+    if memory:
+        result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, train_cfg, device_mesh)
     if trace:
         result["trace"] = {"dir": str(trace), **_traced_steps(model, optimizer, batches, train_cfg, device_mesh, trace)}
     return result
 
 
 # %% ../nbs/08b_bench.ipynb #39e53d35
-def _step_temp_bytes(model, optimizer, batches: Batches, accum: int, mesh) -> int | None:
+def _step_temp_bytes(model, optimizer, batches: Batches, train_cfg: TrainConfig, mesh) -> int | None:
     "The compiled train step's temporary memory per device, as XLA reports it (None where the backend does not)."
-    step, state = make_train_step(model, optimizer, accum)
-    batch = batch_put(mesh)(np.concatenate([batches[a] for a in range(accum)]))
+    step, state = make_train_step(model, optimizer, train_cfg.gradient_accumulation_steps, remat=train_cfg.remat)
+    batch = batch_put(mesh)(np.concatenate([batches[a] for a in range(train_cfg.gradient_accumulation_steps)]))
     analysis = step.lower(state, batch).compile().memory_analysis()
     return None if analysis is None else int(analysis.temp_size_in_bytes)
 
@@ -230,10 +228,6 @@ def describe_bench(kind: str, result: dict) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/08b_bench.ipynb #cce83d64
-def placeholder_tokenizer(vocab_size: int) -> Tokenizer:
-    "A word-level tokenizer of `vocab_size` made-up tokens: enough to decode what a random model generates."
-    return Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-
 def bench_generate(checkpoint: str | Path | None = None,  # None: the tiny preset with random weights
                    prompt: str = "", max_tokens: int = 256, temperature: float = 0.8, top_k: int = 50,
                    top_p: float = 1.0, seed: int = 0) -> dict:
@@ -241,9 +235,10 @@ def bench_generate(checkpoint: str | Path | None = None,  # None: the tiny prese
     check_sampling(temperature, top_k, top_p, max_tokens)
     if checkpoint:
         model, tokenizer, cfg = load_checkpoint(checkpoint)
-    else:
+    else:  # made-up tokens, enough to decode what a random model generates
         cfg = preset_config("tiny", 4096)
-        model, tokenizer = Transformer(cfg, rngs=nnx.Rngs(0)), placeholder_tokenizer(cfg.vocab_size)
+        model = Transformer(cfg, rngs=nnx.Rngs(0))
+        tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)}, unk_token="t0"))
     knobs = dict(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                  stop_at_eot=False)
     def rate(batch: int, use_cache: bool) -> float:
@@ -258,16 +253,3 @@ def bench_generate(checkpoint: str | Path | None = None,  # None: the tiny prese
             "cached_batch8_tokens_per_sec": max(rate(8, True) for _ in range(2)), "new_tokens": max_tokens,
             "checkpoint": None if checkpoint is None else str(checkpoint), "params": count_params(model),
             "seq_len": cfg.seq_len, "device": {k: v for k, v in device_info().items() if k != "devices"}}
-
-def measure_speed(cfg: ModelConfig, batch_size: int, steps: int = 5) -> float:
-    "Training tokens per second of `cfg` at `batch_size` on this machine: `steps` timed steps after compiling."
-    model, optimizer = init_model(cfg, TrainConfig(batch_size=batch_size), total_steps=steps + 2)
-    train_step, state = make_train_step(model, optimizer)
-    batch = jax.random.randint(jax.random.key(0), (batch_size, cfg.seq_len + 1), 0, cfg.vocab_size)
-    state, metrics = train_step(state, batch)  # compile
-    jax.block_until_ready(metrics)
-    started = time.perf_counter()
-    for _ in range(steps):
-        state, metrics = train_step(state, batch)
-    jax.block_until_ready(metrics)
-    return steps * batch_size * cfg.seq_len / (time.perf_counter() - started)

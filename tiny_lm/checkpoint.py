@@ -5,6 +5,7 @@
 # %% ../nbs/06_checkpoint.ipynb #ced808f2
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -24,15 +25,16 @@ from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 from tokenizers import Tokenizer
 
+from .errors import TinyLMError
 from .model import ModelConfig, Transformer
-from .tokenizer import TinyLMError, load_tokenizer, tokenizer_fingerprint
+from .tokenizer import load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['STEP_PREFIX', 'RESUMABLE_FIELDS', 'ARCHITECTURE_FIX', 'step_of', 'saved_state', 'Checkpointer', 'DataStateHandler',
-           'DataStateSave', 'DataStateRestore', 'restore', 'set_aside', 'architecture_changes', 'check_architecture',
-           'check_fits', 'stack_layers', 'unstack_layers', 'best_step', 'link_or_copy', 'publish', 'run_meta',
-           'restore_weights', 'base_fingerprint', 'base_reference', 'find_base', 'LoadedRun', 'load_run',
-           'load_checkpoint', 'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
+           'DataStateSave', 'DataStateRestore', 'restore', 'set_aside', 'check_architecture', 'check_fits',
+           'stack_layers', 'unstack_layers', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights',
+           'base_fingerprint', 'base_reference', 'find_base', 'LoadedRun', 'load_run', 'load_checkpoint',
+           'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -41,11 +43,6 @@ def step_of(name: str) -> int | None:
     "The step of a `checkpoint_step_N` folder name (None for any other name): the one place that parses it."
     m = re.fullmatch(rf"{STEP_PREFIX}_(\d+)", name)
     return int(m.group(1)) if m else None
-
-def _quiet_orbax() -> None:
-    ("Orbax logs through absl's logger, at WARNING and ERROR, what is normal here or what tiny-lm says itself in one "
-     "line: a read-only manager, a save with no validation loss, a damaged step, a Ctrl-C during a save.")
-    logging.getLogger("absl").setLevel(logging.CRITICAL)
 
 # %% ../nbs/06_checkpoint.ipynb #3429f690
 def saved_state(model: nnx.Module) -> nnx.State:
@@ -70,7 +67,8 @@ class Checkpointer:
     "Orbax checkpoints of a run in `directory`/checkpoint_step_N; callable as `fit`'s `checkpoint`."
     def __init__(self, directory: str | Path, meta: dict | None = None, keep: int = 2, read_only: bool = False):
         self.directory, self.meta = Path(directory).absolute(), meta or {}
-        _quiet_orbax()
+        # what Orbax logs (absl: a read-only manager, a damaged step...) is normal here, or tiny-lm says it in one line
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
         self.manager = ocp.CheckpointManager(self.directory, options=_manager_options(keep, read_only))
         self.pending: int | None = None  # the step whose save is in flight
         self.copies: list = []  # `Mirror`s (06a_copies) to tell of each save: they copy the step once it is committed
@@ -185,39 +183,48 @@ def _targets(state: nnx.State):
     return jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None) or first), state)
 
+_WARNED: set = set()  # (run folder, step) already reported as damaged by this process: each is said once
+
+def _first_readable(ckpt: Checkpointer, step: int | None, read: Callable[[Checkpointer, int], object]):
+    ("`(step, read(ckpt, step), damaged steps)`: the step named, else the newest one `read` succeeds on; "
+     "newer damaged steps are skipped with a warning.")
+    root, damaged = ckpt.directory, []
+    for s in [step] if step is not None else ckpt.steps()[::-1]:
+        try:
+            value = read(ckpt, s)
+        except TinyLMError:  # a clear error (another model's step, a LoRA run): no damage
+            raise
+        except Exception as e:  # a damaged step (truncated, overwritten, half deleted): the one before it
+            damaged.append((s, type(e).__name__))
+            continue
+        if new := [(d, why) for d, why in damaged if (root, d) not in _WARNED]:
+            _WARNED.update((root, d) for d, _ in new)
+            names = ", ".join(f"{STEP_PREFIX}_{d} ({why})" for d, why in new)
+            print(f"warning: {names} in {root} cannot be read (damaged): using step {s} instead", file=sys.stderr)
+        return s, value, [d for d, _ in damaged]
+    if step is not None:
+        raise TinyLMError(f"{root / f'{STEP_PREFIX}_{step}'} cannot be read ({damaged[0][1]}): it is damaged; "
+                          f"pass the run folder {root} to use its newest readable step")
+    if not damaged:
+        raise TinyLMError(f"no checkpoint in {root}: train first with tiny-lm train --output-dir {root}")
+    raise TinyLMError(f"no readable checkpoint in {root} ({', '.join(f'step {d}: {why}' for d, why in damaged)}): "
+                      "delete the damaged checkpoint_step_* folders, restore the run from a copy, or start a new run")
+
 def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | None = None,
             step: int | None = None) -> dict:
     ("Restore the newest readable step (or `step`) into `model` (and `optimizer`); "
      "returns its meta record (with the data state under 'data').")
-    candidates = [step] if step is not None else ckpt.steps()[::-1]
-    if not candidates:
-        raise TinyLMError(f"no checkpoint in {ckpt.directory}: "
-                          f"train first with tiny-lm train --output-dir {ckpt.directory}")
     targets = {"model": _targets(saved_state(model))}
     if optimizer is not None:
         targets["optimizer"] = _targets(nnx.state(optimizer))
-    errors = []
-    for s in candidates:
+    def read(ckpt: Checkpointer, s: int) -> dict:
         data = {"data": DataStateRestore()} if (ckpt.directory / f"{STEP_PREFIX}_{s}" / "data").is_dir() else {}
-        try:
-            restored = _read_arrays(ckpt, s, targets, meta=ocp.args.JsonRestore(), **data)
-        except TinyLMError:
-            raise
-        except Exception as e:  # damaged, unless the step holds another model: that is no damage (raises)
-            check_fits(ckpt, s, targets, getattr(model, "cfg", None))
-            errors.append((s, type(e).__name__))
-            continue
-        nnx.update(model, restored["model"])
-        if optimizer is not None:
-            nnx.update(optimizer, restored["optimizer"])
-        if errors:
-            damaged = ", ".join(f"{STEP_PREFIX}_{d} ({why})" for d, why in errors)
-            print(f"warning: {damaged} in {ckpt.directory} cannot be read (damaged or cut short): "
-                  f"restored step {s} instead")
-        return {**restored["meta"], "data": restored.get("data"), "damaged": [d for d, _ in errors]}
-    raise TinyLMError(f"no readable checkpoint in {ckpt.directory} "
-                      f"({', '.join(f'step {d}: {why}' for d, why in errors)}): "
-                      "delete the damaged checkpoint_step_* folders or start a new run")
+        return _read_arrays(ckpt, s, targets, getattr(model, "cfg", None), meta=ocp.args.JsonRestore(), **data)
+    _, restored, damaged = _first_readable(ckpt, step, read)
+    nnx.update(model, restored["model"])
+    if optimizer is not None:
+        nnx.update(optimizer, restored["optimizer"])
+    return {**restored["meta"], "data": restored.get("data"), "damaged": damaged}
 
 def set_aside(directory: Path, steps: list[int]) -> list[Path]:
     ("Rename damaged step folders to `checkpoint_step_N.damaged` (kept for inspection; Orbax no longer lists them), "
@@ -236,16 +243,13 @@ RESUMABLE_FIELDS = ("dtype", "dropout_rate", "attention")  # a continued run may
 ARCHITECTURE_FIX = ("leave the model settings out to continue it, or pass another output_dir (or overwrite=True) "
                     "to start a new run")
 
-def architecture_changes(saved: dict, given: ModelConfig, ignore: tuple = ()) -> list[str]:
-    "Each architecture field where `given` differs from the `saved` model record, as 'field saved X, given Y'."
-    recorded, skip = ModelConfig.from_dict(saved), {*RESUMABLE_FIELDS, *ignore}
-    return [f"{f.name} saved {getattr(recorded, f.name)}, given {getattr(given, f.name)}"
-            for f in dataclasses.fields(ModelConfig)
-            if f.name not in skip and getattr(recorded, f.name) != getattr(given, f.name)]
-
 def check_architecture(saved: dict, given: ModelConfig, where, fix: str = ARCHITECTURE_FIX, ignore: tuple = ()) -> None:
     "One error naming every architecture field where `given` differs from the run `where` recorded (`saved`)."
-    if changes := architecture_changes(saved, given, ignore):
+    recorded, skip = ModelConfig.from_dict(saved), {*RESUMABLE_FIELDS, *ignore}
+    changes = [f"{f.name} saved {getattr(recorded, f.name)}, given {getattr(given, f.name)}"
+               for f in dataclasses.fields(ModelConfig)
+               if f.name not in skip and getattr(recorded, f.name) != getattr(given, f.name)]
+    if changes:
         raise TinyLMError(f"cannot continue {where} with another architecture: {'; '.join(changes)}: {fix}")
 
 def _shapes(tree) -> dict[str, tuple]:
@@ -318,20 +322,26 @@ def _as_saved(saved: dict, target):
     per_layer = lambda names: any(re.search(r"(^|\.)blocks\.\d+\.", n) for n in names)
     return unstack_layers(target, _layer_slice) if per_layer(saved) and not per_layer(_shapes(target)) else target
 
-def _read_arrays(ckpt: Checkpointer, step: int, targets: dict, **more) -> dict:
+def _read_arrays(ckpt: Checkpointer, step: int, targets: dict, cfg: ModelConfig | None = None, **more) -> dict:
     ("Read `targets` (item -> abstract state) and the `more` items of `step`; a per-layer step is read into "
-     "stacked targets (sliced, read, stacked).")
+     "stacked targets (sliced, read, stacked). A step of another model (`cfg`) is an error that says so.")
     try:
         saved = _shapes(ocp.StandardCheckpointHandler().metadata(ckpt.directory / f"{STEP_PREFIX}_{step}" / "model"))
     except Exception:  # unreadable metadata: the read below says what is wrong
         saved = {}
     asked = {k: _as_saved(saved, v) for k, v in targets.items()}
     items = {k: ocp.args.StandardRestore(v) for k, v in asked.items()} | more
-    out = dict(ckpt.manager.restore(step, args=ocp.args.Composite(**items)))
+    try:
+        out = dict(ckpt.manager.restore(step, args=ocp.args.Composite(**items)))
+    except Exception:  # damaged, unless the step holds another model: that is no damage (check_fits raises)
+        check_fits(ckpt, step, targets, cfg)
+        raise
     for k in (k for k in targets if asked[k] is not targets[k]):
-        out[k] = jax.tree.map(lambda x, t: jax.device_put(x, t.sharding), stack_layers(out[k]), targets[k])
+        stacked = stack_layers(out[k])
+        by_name = dict(zip(_shapes(stacked), jax.tree.leaves(stacked)))  # the targets' kind of tree, filled by name
+        out[k] = jax.tree.unflatten(jax.tree.structure(targets[k]), [jax.device_put(by_name[name], t.sharding)
+                                    for name, t in zip(_shapes(targets[k]), jax.tree.leaves(targets[k]))])
     return out
-
 
 # %% ../nbs/06_checkpoint.ipynb #3e95cc50
 def best_step(ckpt: Checkpointer) -> int | None:
@@ -381,39 +391,15 @@ def _locate(path: Path) -> tuple[Path, int | None]:
         raise TinyLMError(f"no checkpoint in {path}: train first with tiny-lm train --output-dir {path}")
     return path, None
 
-_WARNED: set = set()  # (run folder, step) already reported as damaged by this process: each is said once
-
 def _newest_readable(path: str | Path, read: Callable[[Checkpointer, int], object]) -> tuple[Path, int, object, list]:
     ("`(run folder, step, read(ckpt, step), damaged steps)`: the step `path` names, "
      "else the newest step `read` succeeds on.")
     root, step = _locate(Path(path).expanduser())
-    ckpt, damaged = Checkpointer(root, read_only=True), []
+    ckpt = Checkpointer(root, read_only=True)
     try:
-        for s in [step] if step is not None else ckpt.steps()[::-1]:
-            try:
-                value = read(ckpt, s)
-            except TinyLMError:
-                raise
-            except Exception as e:  # a damaged step (truncated, overwritten, half deleted): the one before it
-                damaged.append((s, type(e).__name__))
-                continue
-            _warn_damaged(root, damaged, s)
-            return root, s, value, [d for d, _ in damaged]
+        return (root, *_first_readable(ckpt, step, read))
     finally:
         ckpt.close()
-    if step is not None:
-        raise TinyLMError(f"{root / f'{STEP_PREFIX}_{step}'} cannot be read ({damaged[0][1]}): it is damaged; "
-                          f"pass the run folder {root} to use its newest readable step")
-    raise TinyLMError(f"no readable checkpoint in {root}"
-                      + (f" ({', '.join(f'step {d}: {why}' for d, why in damaged)})" if damaged else "")
-                      + ": train first, or restore the run from a copy")
-
-def _warn_damaged(root: Path, damaged: list, used: int) -> None:
-    new = [(d, why) for d, why in damaged if (root, d) not in _WARNED]
-    if new:
-        _WARNED.update((root, d) for d, _ in new)
-        names = ", ".join(f"{STEP_PREFIX}_{d} ({why})" for d, why in new)
-        print(f"warning: {names} in {root} cannot be read (damaged): using step {used} instead", file=sys.stderr)
 
 def run_meta(path: str | Path) -> tuple[Path, int, dict]:
     ("`(run folder, step, meta record)` of a run folder's newest readable step, "
@@ -425,16 +411,12 @@ def run_meta(path: str | Path) -> tuple[Path, int, dict]:
 def restore_weights(path: str | Path, model: Transformer) -> dict:
     ("Copy a run's weights (its newest step, or the checkpoint_step_N folder `path` names) "
      "into `model`'s base parameters; returns `{'path', 'step'}`.")
-    base = nnx.state(model, nnx.Not(nnx.LoRAParam))
+    base = {"model": _targets(nnx.state(model, nnx.Not(nnx.LoRAParam)))}
     def read(ckpt: Checkpointer, step: int):
         if ModelConfig.from_dict(_read_meta(ckpt, step)["config"]["model"]).lora_rank:
             raise TinyLMError(f"{ckpt.directory} is a LoRA run, not a base model: start from its merged model instead "
                               f"(train it with --merge-lora and use {ckpt.directory / 'merged'})")
-        try:
-            return _read_arrays(ckpt, step, {"model": _targets(base)})["model"]
-        except Exception:
-            check_fits(ckpt, step, {"model": _targets(base)})  # another model's weights are no damage: say so
-            raise
+        return _read_arrays(ckpt, step, base)["model"]
     root, step, restored, _ = _newest_readable(path, read)
     nnx.update(model, restored)
     return {"path": str(root), "step": step}
@@ -452,10 +434,8 @@ def base_reference(base: str | Path, step: int, fingerprint: str | None, run_dir
     base = Path(base).expanduser().absolute()
     ref = {"path": str(base), "step": step, "fingerprint": fingerprint}
     if run_dir is not None:
-        try:
+        with contextlib.suppress(ValueError):  # another drive (Windows): no relative path
             ref["relative"] = Path(os.path.relpath(base, Path(run_dir).expanduser().absolute())).as_posix()
-        except ValueError:  # another drive (Windows): no relative path
-            pass
     return ref
 
 def _base_candidates(ref: dict, run_dir: Path | None, base: str | Path | None) -> list[tuple[Path, str]]:
@@ -518,29 +498,27 @@ class LoadedRun:
     damaged: list[int]  # newer steps skipped because they cannot be read
     base: dict | None = None  # a LoRA run's base: {'path', 'step', 'found'} (how the folder was found)
 
-def _read_model(root: Path, tokenizer: Tokenizer, ckpt: Checkpointer, step: int,
-                base: str | Path | None = None) -> tuple[Transformer, ModelConfig, dict, dict | None]:
-    meta = _read_meta(ckpt, step)
+def _read_model(ckpt: Checkpointer, step: int, base: str | Path | None = None) -> tuple:
+    "`(model, tokenizer, config, meta record, base found)` of `step`: the tokenizer beside it, checked against it."
+    meta, tokenizer = _read_meta(ckpt, step), load_tokenizer(ckpt.directory / "tokenizer.json")
     cfg = ModelConfig.from_dict(meta["config"]["model"])
     if meta.get("tokenizer_fingerprint") not in (None, tokenizer_fingerprint(tokenizer)):
-        raise TinyLMError(f"{root / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with "
+        raise TinyLMError(f"{ckpt.directory / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with "
                           "(was it retrained?): restore the original tokenizer.json")
     model, found = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), None
     if cfg.lora_rank:  # adapters only: the frozen weights come from the base run
         ref = meta["config"].get("init_from") or {}
-        folder, how = find_base(ref, root, base)
+        folder, how = find_base(ref, ckpt.directory, base)
         restore_weights(folder / f"{STEP_PREFIX}_{ref['step']}", model)
         found = {"path": str(folder), "step": ref["step"], "found": how}
     nnx.update(model, _read_arrays(ckpt, step, {"model": _targets(saved_state(model))})["model"])
-    return model, cfg, meta, found
+    return model, tokenizer, cfg, meta, found
 
 def load_run(path: str | Path = "output", base: str | Path | None = None) -> LoadedRun:
     ("The model of a run folder's newest readable step (a damaged newer one is skipped with a warning), "
      "or of the checkpoint_step_N folder `path` names; a LoRA run's base from `base` or where the run records it.")
-    root, _ = _locate(Path(path).expanduser())
-    tokenizer = load_tokenizer(root / "tokenizer.json")
-    root, step, (model, cfg, meta, found), damaged = _newest_readable(
-        path, lambda ckpt, s: _read_model(root, tokenizer, ckpt, s, base))
+    root, step, (model, tokenizer, cfg, meta, found), damaged = _newest_readable(
+        path, lambda ckpt, s: _read_model(ckpt, s, base))
     if found is not None:  # never a base from a place the user did not name without saying so
         print(f"note: the LoRA adapters of {root} go on base run {found['path']} step {found['step']} "
               f"({found['found']})", file=sys.stderr)
@@ -552,7 +530,6 @@ def load_checkpoint(path: str | Path = "output",
      "(a LoRA run loads its base too: from `base`, else where the run records it).")
     run = load_run(path, base)
     return run.model, run.tokenizer, run.config
-
 
 # %% ../nbs/06_checkpoint.ipynb #878ddae0
 def committed_steps(run_dir: str | Path) -> list[int]:

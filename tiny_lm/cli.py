@@ -9,27 +9,28 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import jax
 
-from .bench import bench_data, bench_generate, bench_train, describe_bench, measure_speed
+from .bench import bench_data, bench_generate, bench_train, describe_bench
 from .checkpoint import load_checkpoint, run_meta
 from .copies import cloud_destination, redact
 from .data import DataConfig, TextSource, open_source
+from .errors import TinyLMError
 from .export import export_hf
 from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
-                           TRAIN_FLAGS, build_parser, check_ranges)
-from .generate import check_sampling, evaluate_text, generate_batch
+                           TRAIN_FLAGS, build_parser, check_ranges, given_flags)
+from .generate import generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
 from .profiles import Plan, device_memory, match_hardware, plan_run, steps_per_call_dividing
 from .run import (RunConfig, Trainer, check_continued_model, describe_inspection, duration, inspect_run,
                          mesh_devices, recorded_model, resolve_resume, saved_run, split_cpu)
+from .score import evaluate_text
 from .sizing import PRESETS, preset_config, size_report, target_config
-from .tokenizer import TinyLMError, TokenizerConfig, load_tokenizer
+from .tokenizer import TokenizerConfig, load_tokenizer
 from .train import Interrupted, TrainConfig
 
 # %% auto #0
@@ -48,18 +49,16 @@ def _precision(args) -> str | None:
 
 def _check_size_flags(args) -> None:
     "The size flags exclude each other; checked before any slow work."
-    shape = [f"--{k.replace('_', '-')}" for k in SHAPE_FLAGS
-             if getattr(args, k, None) is not None and k != "num_kv_heads"]
+    shape = given_flags(args, [k for k in SHAPE_FLAGS if k != "num_kv_heads"])
     if args.target_params is not None and (args.model_preset or shape):
         raise TinyLMError(f"--target-params decides the shape: leave out {', '.join(shape or ['--model-preset'])}")
     if args.prefer_depth and args.target_params is None:
         raise TinyLMError("--prefer-depth applies to --target-params: add --target-params N or leave it out")
     if args.target_params is not None:  # fail now, not after the tokenizer, when the target cannot be built
-        target_config(args.target_params, getattr(args, "vocab_size", None) or 4096, prefer_depth=args.prefer_depth,
-                      **({"n_kv_head": args.num_kv_heads} if args.num_kv_heads else {}))
+        model_from_args(args, getattr(args, "vocab_size", None) or 4096)
 
 # %% ../nbs/09_cli.ipynb #0c93c0b3
-def _given(args, flags: dict) -> dict:
+def _given(args, flags) -> dict:
     return {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
 
 def _model_overrides(args) -> dict:
@@ -86,14 +85,13 @@ def model_from_args(args, vocab_size: int, base: ModelConfig | None = None, **fi
     base = base or preset_config(args.model_preset or "tiny", vocab_size)
     derived = {"d_ff": "d_model", "n_kv_head": "n_head"}  # --d-model 256 alone: SwiGLU's 8/3 · 256, not the preset's
     reset = {k: None for k, source in derived.items() if source in over and k not in over}
-    return replace(base, **reset, **over, **{"vocab_size": vocab_size, **fields})
+    return replace(base, **reset, **{**over, "vocab_size": vocab_size, **fields})  # `fields` win over the flags
 
 # %% ../nbs/09_cli.ipynb #d668d25b
 def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, TokenizerConfig, dict, TrainConfig]:
     "Data, tokenizer, model-override and training configs from flags, on top of a resumed run's `saved` configs."
     saved = saved or {}
-    streaming = {} if args.streaming is None else {"streaming": args.streaming}
-    data = DataConfig(**{**saved.get("data", {}), **_given(args, DATA_FLAGS), **streaming})
+    data = DataConfig(**{**saved.get("data", {}), **_given(args, [*DATA_FLAGS, "streaming"])})
     if args.auto_vocab_size and args.vocab_size is not None:
         raise TinyLMError("give --vocab-size or --auto-vocab-size, not both")
     tok = TokenizerConfig(auto_vocab_size=args.auto_vocab_size,
@@ -120,9 +118,7 @@ def _check_resumed_model(args, saved: dict) -> None:
 
 def _check_lora_flags(args, saved: dict) -> None:
     "The LoRA flags go with --use-lora, and --use-lora with a base run."
-    given = [("--lora-rank", args.lora_rank is not None), ("--lora-alpha", args.lora_alpha is not None),
-             ("--merge-lora", args.merge_lora)]
-    lora_only = [flag for flag, is_given in given if is_given]
+    lora_only = given_flags(args, ("lora_rank", "lora_alpha", "merge_lora"))
     if lora_only and not args.use_lora:
         several = len(lora_only) > 1
         raise TinyLMError(f"{', '.join(lora_only)} {'apply' if several else 'applies'} to LoRA fine-tuning: add "
@@ -151,7 +147,7 @@ def _init_from(args) -> tuple[Path, int, dict] | None:
     except TinyLMError:
         raise TinyLMError(f"--init-from {path} is not a training run (it holds no checkpoint): pass the --output-dir "
                           "of a trained run") from None
-    fixed = [f"--{k.replace('_', '-')}" for k in _FIXED_BY_BASE if getattr(args, k, None) not in (None, False)]
+    fixed = given_flags(args, _FIXED_BY_BASE)
     if fixed:
         raise TinyLMError(f"--init-from reuses the architecture and tokenizer of {root}: leave out {', '.join(fixed)}")
     if Path(args.output_dir).resolve() == root.resolve():
@@ -167,18 +163,15 @@ def _init_from(args) -> tuple[Path, int, dict] | None:
 
 def _cloud_from_args(args):
     "The bucket `--cloud-provider` and its flags name (checked, no network yet), or None."
-    given = [f for f in ("cloud_bucket", "cloud_prefix", "cloud_region", "azure_account_name", "azure_sas_token")
-             if getattr(args, f) is not None]
+    given = given_flags(args, ("cloud_bucket", "cloud_prefix", "cloud_region", "azure_account_name", "azure_sas_token"))
     if args.cloud_provider is None:
         if given:
-            raise TinyLMError(f"--{given[0].replace('_', '-')} needs --cloud-provider s3|gcs|azure")
+            raise TinyLMError(f"{given[0]} needs --cloud-provider s3|gcs|azure")
         return None
     if args.cloud_bucket is None:
         raise TinyLMError("--cloud-provider needs --cloud-bucket B, the bucket (Azure: the container) to copy the "
                           "run to")
-    prefix = args.cloud_prefix
-    if prefix is None:
-        prefix = Path(args.output_dir).expanduser().absolute().name
+    prefix = Path(args.output_dir).expanduser().absolute().name if args.cloud_prefix is None else args.cloud_prefix
     cloud = cloud_destination(args.cloud_provider, args.cloud_bucket, prefix, args.cloud_region,
                               args.azure_account_name, args.azure_sas_token)
     if args.azure_sas_token is not None:  # it still works: a warning, not an error
@@ -197,9 +190,8 @@ def run_config_from_args(args) -> RunConfig:
                      args.sample_tokens, args.eval_sample_tokens, not args.no_progress, compile_cache)
 
 # %% ../nbs/09_cli.ipynb #e93cf368
-_PLANNED = {"model_preset": "--model-preset", "precision": "--precision", "batch_size": "--batch-size",
-            "gradient_accumulation_steps": "--gradient-accumulation-steps", "learning_rate": "--learning-rate",
-            "save_every_minutes": "--save-every-minutes", "steps_per_call": "--steps-per-call"}
+_PLANNED = ("model_preset", "precision", "batch_size", "gradient_accumulation_steps", "learning_rate",
+            "save_every_minutes", "steps_per_call", "remat", "use_mixed_precision")  # each overrides the profile's pick
 
 def _planned_vocab(args, init) -> int:
     "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
@@ -221,8 +213,7 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         return None
     vocab = _planned_vocab(args, init)
     plan = plan_run(args.profile or "auto", vocab)
-    given = tuple(flag for name, flag in _PLANNED.items() if getattr(args, name) is not None)
-    given += ("--use-mixed-precision",) if args.use_mixed_precision else ()
+    given = tuple(given_flags(args, _PLANNED))
     if init is None and args.model_preset is None and args.target_params is None:
         args.model_preset = plan.model_preset
     if args.precision is None and not args.use_mixed_precision:
@@ -232,10 +223,9 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if args.batch_size is None:
         args.batch_size = fitted.batch_size
         args.gradient_accumulation_steps = args.gradient_accumulation_steps or fitted.gradient_accumulation_steps
-    if args.learning_rate is None:
-        args.learning_rate = fitted.learning_rate
-    if args.save_every_minutes is None:
-        args.save_every_minutes = plan.save_every_minutes
+    for name in ("learning_rate", "save_every_minutes", "remat"):  # the rest of the plan, where no flag gave it
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(fitted, name))
     if args.steps_per_call is None:  # fewer, if need be, so that each interval given keeps its steps
         intervals = [args.log_every, args.eval_every, args.save_every, args.max_steps]
         args.steps_per_call = steps_per_call_dividing(fitted.steps_per_call, intervals)
@@ -246,14 +236,6 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     return replace(fitted, model_preset=plan.model_preset, overridden=given)
 
 # %% ../nbs/09_cli.ipynb #022656a3
-def _model_config_fn(args, saved: dict, init) -> Callable[[int], ModelConfig]:
-    "The model configuration the flags describe, as a function of the vocabulary size the tokenizer will have."
-    def config(vocab_size: int) -> ModelConfig:
-        cfg = model_from_args(args, vocab_size, base=recorded_model(saved, init))
-        new_run_default = not saved and _precision(args) is None  # a new run computes in the device's precision
-        return replace(cfg, dtype=default_precision()) if new_run_default else cfg
-    return config
-
 def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."
     distributed = initialize_distributed(args.coordinator_address, args.num_processes, args.process_id,
@@ -262,15 +244,16 @@ def run_train(args) -> dict:
     run = resolve_resume(run_config_from_args(args))
     args.init_from = run.init_from  # None when the same fine-tune runs again: it continues from its own checkpoints
     saved, resume_root = saved_run(run.resume_from, run.cloud)
-    data_cfg, tok_cfg, _, train_cfg = configs_from_args(args, saved)  # checked before the profile fills in the rest
+    configs_from_args(args, saved)  # checked before the profile fills in the rest
     init = _init_from(args)
     plan = apply_profile(args, saved, init)
-    if plan is not None:
-        data_cfg, tok_cfg, _, train_cfg = configs_from_args(args, saved)
+    data_cfg, tok_cfg, _, train_cfg = configs_from_args(args, saved)
     if args.mesh is not None:
         parse_mesh(args.mesh, mesh_devices(train_cfg.batch_size))  # a wrong mesh fails now, not after the tokenizer
     asked = args.vocab_size is not None or args.auto_vocab_size  # a reused tokenizer is checked against an asked size
-    model_config = _model_config_fn(args, saved, init)
+    def model_config(vocab_size: int) -> ModelConfig:  # the tokenizer decides the vocabulary
+        new_run = {} if saved or _precision(args) else {"dtype": default_precision()}  # the device's precision
+        return model_from_args(args, vocab_size, base=recorded_model(saved, init), **new_run)
     trainer = Trainer(model_config, train_cfg, data_cfg, tokenizer_config=tok_cfg if asked else None,
                       run=replace(run, resume_from=resume_root), profile=plan)
     return trainer.fit()
@@ -278,7 +261,6 @@ def run_train(args) -> dict:
 # %% ../nbs/09_cli.ipynb #01d7405e
 def run_generate(args) -> list[str]:
     "Print each sample as it is generated (one) or under a header (several); return them."
-    check_sampling(args.temperature, args.top_k, args.top_p, args.max_tokens, args.num_samples)
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     knobs = dict(num_samples=args.num_samples, max_new_tokens=args.max_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, use_cache=not args.no_cache)
@@ -346,7 +328,7 @@ def run_size(args) -> dict:
     cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
     report = size_report(cfg, args.batch_size, device_memory(), kernel=attention_implementation(cfg))
     if args.measure:
-        report["measured_tokens_per_sec"] = measure_speed(cfg, args.batch_size)
+        report["measured_tokens_per_sec"] = bench_train(cfg, args.batch_size, steps=5, memory=False)["tokens_per_sec"]
         report["compute_optimal_seconds"] = report["compute_optimal_tokens"] / report["measured_tokens_per_sec"]
     print(json.dumps(report) if args.json else _describe_size(report, args.batch_size))
     return report
@@ -381,7 +363,7 @@ def run_bench(args) -> dict:
         _check_size_flags(args)
         cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
         result = bench_train(cfg, args.batch_size, args.gradient_accumulation_steps, args.steps, args.steps_per_call,
-                             args.mesh, trace=args.trace)
+                             args.mesh, trace=args.trace, remat=args.remat)
     else:
         split_cpu(args.cpu_devices or 1)
         result = bench_generate(args.checkpoint, args.prompt, args.max_tokens, args.temperature, args.top_k,

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import queue
@@ -21,7 +22,7 @@ from pathlib import Path
 import fsspec
 
 from .checkpoint import STEP_PREFIX, link_or_copy, step_of
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['PROVIDERS', 'PACKAGES', 'COMPLETE', 'RUN_FILE', 'RUN_FILES', 'SECRET_VARIABLES', 'RETRY_DELAYS', 'redact',
@@ -75,7 +76,7 @@ class Destination:
     def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
         "The fsspec file system and the root path in it."
         if self.local:
-            return fsspec.filesystem("file"), str(Path(self.url).expanduser().absolute())
+            return fsspec.filesystem("file", auto_mkdir=True), str(Path(self.url).expanduser().absolute())
         options = self.options
         if self.scheme == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):  # a GCS emulator: JSON only, no credentials
             # gcsfs's experimental gRPC path hangs on one
@@ -169,6 +170,14 @@ def _with_deadline(fn, seconds: float):
         raise box["error"]
     return box.get("value")
 
+def _ask(dest: Destination, fn, seconds: float = 60):
+    "`fn()`, which reads `dest`, within `seconds`; a failure is one line that says what to check."
+    try:
+        return _with_deadline(fn, seconds)
+    except Exception as e:
+        raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): "
+                          "check the name, the network and the credentials") from None
+
 def _read_json(fs, path: str) -> dict | None:
     try:
         return json.loads(fs.cat_file(path))
@@ -181,9 +190,7 @@ def check_destination(dest: Destination, run_id: str | None = None, timeout: flo
     fs, root = dest.filesystem()
     probe = f"{root}/.tiny_lm_probe-{uuid.uuid4().hex}"
     def go():
-        if dest.local:
-            Path(root).mkdir(parents=True, exist_ok=True)
-        fs.pipe_file(probe, b"tiny_lm")
+        fs.pipe_file(probe, b"tiny_lm")  # (a local folder is made by its file system, auto_mkdir)
         ok = fs.cat_file(probe) == b"tiny_lm"
         fs.rm_file(probe)
         return ok, _read_json(fs, f"{root}/{RUN_FILE}")
@@ -222,7 +229,7 @@ class _Watcher:
         self.watchers.append(w)
 
     def _snapshot(self, name: str) -> None:
-        src, deadline = self.run_dir / name, time.monotonic() + self.wait_for_commit
+        src, deadline = self.run_dir / name, time.monotonic() + 3600  # a save not committed in an hour has failed
         while not src.is_dir():  # not committed yet
             if self.settled.is_set() or time.monotonic() > deadline:  # every save has ended: this one failed
                 return
@@ -230,7 +237,7 @@ class _Watcher:
         snap = self.stage / f"{name}-{uuid.uuid4().hex[:6]}"
         try:
             shutil.copytree(src, snap, copy_function=link_or_copy)
-        except (OSError, shutil.Error) as e:  # pruned in the meantime: a newer step supersedes it
+        except OSError as e:  # (shutil.Error too) pruned in the meantime: a newer step supersedes it
             shutil.rmtree(snap, ignore_errors=True)
             if src.exists():
                 self.failed[name] = self.dest.say_error(e)
@@ -329,10 +336,7 @@ class _Retrying:
                     return False
                 if attempt == 1:
                     self.say(f"warning: copying {what} to {self.dest.url} failed ({reason}); retrying with back-off")
-                if self.settled.is_set() and delay > 4:
-                    delay = 4  # the run is ending: do not hold it up for long
-                time.sleep(delay)
-        return False
+                time.sleep(min(delay, 4) if self.settled.is_set() else delay)  # a run that is ending: not for long
 
 # %% ../nbs/06a_copies.ipynb #23c61a71
 class _Copier:
@@ -363,7 +367,6 @@ class Mirror(_Watcher, _Copier, _Retrying, _StepCopies, _RunFiles, _Retention):
     ("Copies of a run folder's committed checkpoints and JSON files at `dest`, "
      "made in the background with the run's retention.")
     def __init__(self, run_dir: str | Path, dest: Destination, run_id: str, say=print, delays=RETRY_DELAYS,
-                 wait_for_commit: float = 3600,
                  # keep: the run's --keep-checkpoints, also kept among the copies (None: only what the run folder holds)
                  keep: int | None = None):
         self.run_dir, self.dest, self.run_id, self.say, self.delays, self.keep = (
@@ -374,8 +377,7 @@ class Mirror(_Watcher, _Copier, _Retrying, _StepCopies, _RunFiles, _Retention):
         self.copied: list[str] = []  # folders copied, in order
         self.down = False  # a copy failed after every retry: try the next ones once each
         self.failed: dict[str, str] = {}  # what could not be copied -> why (secrets removed)
-        # settled: no save is in flight
-        self.settled, self.wait_for_commit, self.watchers = threading.Event(), wait_for_commit, []
+        self.settled, self.watchers = threading.Event(), []  # settled: no save is in flight
         self.thread = threading.Thread(target=self._work, name=f"copies to {dest.url}", daemon=True)
         self.thread.start()
 
@@ -391,10 +393,8 @@ class Mirror(_Watcher, _Copier, _Retrying, _StepCopies, _RunFiles, _Retention):
         if self.thread.is_alive():
             self.failed["the copies in flight"] = f"still running after {timeout:.0f} s"
         shutil.rmtree(self.stage, ignore_errors=True)
-        try:
+        with contextlib.suppress(OSError):
             self.stage.parent.rmdir()  # .copies, unless another mirror still uses it
-        except OSError:
-            pass
         return {"to": self.dest.url, "copied": list(self.copied), "failed": dict(self.failed)}
 
 # %% ../nbs/06a_copies.ipynb #95e7d18e
@@ -432,8 +432,6 @@ def checked_record(record, folder: Path) -> dict:
 def _download_step(fs: fsspec.AbstractFileSystem, root: str, name: str, local: Path) -> dict:
     "Download the copied folder `name` into `local`, checked against the copy's record; returns its files and sizes."
     files = checked_record(json.loads(fs.cat_file(f"{root}/{name}/{COMPLETE}")), local / name)  # before any write
-    for rel in files:
-        (local / name / rel).parent.mkdir(parents=True, exist_ok=True)
     fs.get([f"{root}/{name}/{rel}" for rel in files], [str(local / name / rel) for rel in files])
     if manifest(local / name) != files:
         raise OSError("the downloaded files differ from the copy's record")
@@ -445,11 +443,7 @@ def fetch_run(dest: Destination, into: str | Path | None = None, say=print) -> P
      "with its JSON files, into a local run folder.")
     run, step = _run_root(dest)
     fs, root = run.filesystem()
-    try:
-        found = _with_deadline(lambda: complete_steps(run), 60)
-    except Exception as e:
-        raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): "
-                          "check the name, the network and the credentials") from None
+    found = _ask(dest, lambda: complete_steps(run))
     candidates = [step] if step is not None else found[::-1]
     if not found or (step is not None and step not in found):
         what = f"no complete copy of step {step}" if step is not None else "no complete checkpoint copy"
@@ -482,10 +476,5 @@ def run_id_of(dest: Destination) -> tuple[str | None, list[int]]:
     "The id of the run copied at `dest` (None if it holds no copy) and its complete steps."
     run, _ = _run_root(dest)
     fs, root = run.filesystem()
-    try:
-        record = _with_deadline(lambda: _read_json(fs, f"{root}/{RUN_FILE}"), 60)
-        steps = complete_steps(run)
-    except Exception as e:
-        raise TinyLMError(f"cannot read {dest.url} ({dest.say_error(e)}): "
-                          "check the name, the network and the credentials") from None
+    record, steps = _ask(dest, lambda: (_read_json(fs, f"{root}/{RUN_FILE}"), complete_steps(run)))
     return (record or {}).get("run_id"), steps

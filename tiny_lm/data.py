@@ -11,17 +11,17 @@ import gzip
 import hashlib
 import json
 import os
-import queue
 import re
 import socket
 import struct
 import sys
 import sysconfig
-import threading
 import time
 import urllib.parse
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -30,7 +30,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .encoding import encode_chunks, token_dtype, tokenize_documents
-from .tokenizer import EOT, TinyLMError, tokenizer_fingerprint
+from .errors import TinyLMError
+from .tokenizer import EOT, tokenizer_fingerprint
 
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'DataConfig',
@@ -139,21 +140,6 @@ def source_kind(dataset_id: str) -> str:
 def _open_binary(path: Path):
     return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
 
-def _pieces(f, sep: bytes, pos: int) -> Iterator[tuple[bytes, int, int]]:
-    "Split a binary file on `sep` from byte `pos`: yields (piece, its start, the position after it and its separator)."
-    buf, at = b"", 0
-    while True:
-        block = f.read(1 << 20)
-        buf, at = buf[at:] + block, 0
-        while (i := buf.find(sep, at)) >= 0:
-            start, pos = pos, pos + i + len(sep) - at
-            yield buf[at:i], start, pos
-            at = i + len(sep)
-        if not block:
-            if at < len(buf):
-                yield buf[at:], pos, pos + len(buf) - at
-            return
-
 def _decode(piece: bytes, path: Path, pos: int) -> str:
     try:
         return piece.decode("utf-8")
@@ -161,13 +147,27 @@ def _decode(piece: bytes, path: Path, pos: int) -> str:
         raise TinyLMError(f"{path} is not UTF-8 text (byte {pos + e.start} cannot be decoded): "
                           "convert it to UTF-8, or leave it out of --dataset-id") from None
 
+def _pieces(path: Path, sep: bytes, pos: int) -> Iterator[tuple[str, int, int]]:
+    "Split a file on `sep` from byte `pos`: yields (the piece's text, its start, the position after it and `sep`)."
+    with _open_binary(path) as f:
+        f.seek(pos)
+        buf, at = b"", 0
+        while True:
+            block = f.read(1 << 20)
+            buf, at = buf[at:] + block, 0
+            while (i := buf.find(sep, at)) >= 0:
+                start, pos = pos, pos + i + len(sep) - at
+                yield _decode(buf[at:i], path, start), start, pos
+                at = i + len(sep)
+            if not block:
+                if at < len(buf):
+                    yield _decode(buf[at:], path, pos), pos, pos + len(buf) - at
+                return
+
 # %% ../nbs/03_data.ipynb #1a1db2e1
 def _rows_text(path: Path, start, column=None):
-    with _open_binary(path) as f:
-        f.seek(start)
-        for piece, at, end in _pieces(f, b"\n\n", start):
-            text = _decode(piece, path, at)
-            yield ({"text": text} if column is None else text), end
+    for text, _, end in _pieces(path, b"\n\n", start):
+        yield ({"text": text} if column is None else text), end
 
 def _rows_document(path: Path, start, column=None):
     if start == 0:
@@ -176,50 +176,45 @@ def _rows_document(path: Path, start, column=None):
 
 # %% ../nbs/03_data.ipynb #7f37181d
 def _rows_jsonl(path: Path, start, column=None):
-    with _open_binary(path) as f:
-        f.seek(start)
-        for piece, at, end in _pieces(f, b"\n", start):
-            if not piece.strip():
-                continue
-            try:
-                row = json.loads(piece)
-            except ValueError:
-                raise TinyLMError(f"{path} has a line that is not JSON at byte {at}: "
-                                  "fix the file, or leave it out") from None
-            if not isinstance(row, dict):
-                raise TinyLMError(f"{path} holds JSON lines that are not objects: "
-                                  "each line must be like {\"text\": \"...\"}")
-            yield (row if column is None else row.get(column)), end
+    for line, at, end in _pieces(path, b"\n", start):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise TinyLMError(f"{path} has a line that is not JSON at byte {at}: "
+                              "fix the file, or leave it out") from None
+        if not isinstance(row, dict):
+            raise TinyLMError(f"{path} holds JSON lines that are not objects: "
+                              "each line must be like {\"text\": \"...\"}")
+        yield (row if column is None else row.get(column)), end
 
 def _rows_json(path: Path, start, column=None):
     with _open_binary(path) as f:
         head = f.read(4096).lstrip()
-    if not head.startswith(b"["):
-        yield from _rows_jsonl(path, start, column)
-        return
-    try:
-        rows = json.loads(_open_binary(path).read())
-    except ValueError as e:
-        raise TinyLMError(f"{path} is not valid JSON ({e}): fix the file, or leave it out") from None
+        if not head.startswith(b"["):
+            yield from _rows_jsonl(path, start, column)
+            return
+        try:
+            rows = json.loads(head + f.read())
+        except ValueError as e:
+            raise TinyLMError(f"{path} is not valid JSON ({e}): fix the file, or leave it out") from None
     for i in range(start, len(rows)):
         row = rows[i] if isinstance(rows[i], dict) else {}
         yield (row if column is None else row.get(column)), i + 1
 
 def _rows_csv(path: Path, start, column=None):
     csv.field_size_limit(2**31 - 1)  # the default 128 KiB stops at the first long document: documents are long
-    with _open_binary(path) as f:
-        line, _, first = next(_pieces(f, b"\n", 0), (b"", 0, 0))
-        header = next(csv.reader([_decode(line, path, 0)]), [])
-        start = max(start, first)  # a record starts after the header
-        f.seek(start)
-        after = [start]
-        def lines():  # csv may take several lines for one record: `after` is where the last one read ends
-            for piece, at, end in _pieces(f, b"\n", start):
-                after[0] = end
-                yield _decode(piece, path, at) + "\n"
-        for record in csv.reader(lines()):
-            row = dict(zip(header, record))
-            yield (row if column is None else row.get(column)), after[0]
+    line, _, first = next(_pieces(path, b"\n", 0), ("", 0, 0))
+    header = next(csv.reader([line]), [])
+    after = [max(start, first)]  # a record starts after the header
+    def lines():  # csv may take several lines for one record: `after` is where the last one read ends
+        for line, _, end in _pieces(path, b"\n", after[0]):
+            after[0] = end
+            yield line + "\n"
+    for record in csv.reader(lines()):
+        row = dict(zip(header, record))
+        yield (row if column is None else row.get(column)), after[0]
 
 # %% ../nbs/03_data.ipynb #4492b81c
 def _rows_parquet(path: Path, start, column=None):
@@ -422,19 +417,17 @@ class TextSource(_SplitRows):
         pos = dict(start or START)
         limit = self.cfg.max_val_examples if which == "val" else self.cfg.max_train_examples
         while epochs is None or pos["epoch"] < epochs:
-            texts, found = [], pos["docs"] > 0
+            texts = []
             for text, s, p, row in self._walk(which, pos):
                 if limit is not None and pos["docs"] >= limit:
                     break
-                mine = text is not None and (row - 1) % process_count == process_index
                 pos = {**pos, "shard": s, "pos": p, "row": row, "docs": pos["docs"] + (text is not None)}
-                found |= text is not None
-                if mine:
+                if text is not None and (row - 1) % process_count == process_index:  # this process's share
                     texts.append(text)
                 if len(texts) == docs_per_chunk:
                     yield texts, _resolved(pos)
                     texts = []
-            if not found:
+            if not pos["docs"]:  # a whole epoch without a document
                 raise TinyLMError(self._no_text(which))
             pos = {**START, "epoch": pos["epoch"] + 1}
             if texts:
@@ -508,11 +501,10 @@ def _open_local(cfg: DataConfig):
 
 # %% ../nbs/03_data.ipynb #dccbcacd
 def _open_builtin(cfg: DataConfig):
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = builtin_corpus_files()
-    val = [Shard("document", str(f)) for f in files if _held_out(f.relative_to(root).as_posix(), AUTO_VAL_FRACTION)]
-    train = [Shard("document", str(f)) for f in files
-             if not _held_out(f.relative_to(root).as_posix(), AUTO_VAL_FRACTION)]
+    root, files = Path(sysconfig.get_paths()["stdlib"]), builtin_corpus_files()
+    held = [_held_out(f.relative_to(root).as_posix(), AUTO_VAL_FRACTION) for f in files]
+    train = [Shard("document", str(f)) for f, h in zip(files, held) if not h]
+    val = [Shard("document", str(f)) for f, h in zip(files, held) if h]
     fingerprint = {"python": sys.version.split()[0], "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
     return {"train": train, "validation": val}, EOT, fingerprint, fingerprint["bytes"]
 
@@ -553,12 +545,6 @@ def _open_hub(cfg: DataConfig):
             {"hub": cfg.dataset_id, "config": cfg.dataset_config}, None)
 
 # %% ../nbs/03_data.ipynb #f6901965
-def _first_row(shards: list[Shard]) -> dict | None:
-    for shard in shards:
-        for row, _ in shard.rows(None, None):
-            return row
-    return None
-
 def open_source(cfg: DataConfig) -> TextSource:
     "Resolve and validate `cfg.dataset_id`; raise a `TinyLMError` for anything a user must fix."
     opener = {"builtin": _open_builtin, "local": _open_local, "hub": _open_hub}[source_kind(cfg.dataset_id)]
@@ -567,7 +553,7 @@ def open_source(cfg: DataConfig) -> TextSource:
         if cfg.split not in splits:
             raise TinyLMError(f"{cfg.dataset_id} has no split {cfg.split!r} (it has {', '.join(splits)}): "
                               "pass --split with one of those")
-        first = _first_row(splits[cfg.split])
+        first = next((row for shard in splits[cfg.split] for row, _ in shard.rows(None, None)), None)
     except TinyLMError:
         raise
     except Exception as e:  # a corrupt parquet or gzip file...
@@ -590,24 +576,20 @@ def open_source(cfg: DataConfig) -> TextSource:
 _CACHE_FIELDS = ("dataset_id", "dataset_config", "text_column", "split", "val_split", "max_train_examples",
                  "max_val_examples")
 
-def _cache_key(source: TextSource, which: str, tokenizer: Tokenizer) -> str:
+def token_cache_path(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
+    "The file in `cache_dir` holding a split's tokens: its name carries the source's and the tokenizer's fingerprint."
     spec = dict({k: getattr(source.cfg, k) for k in _CACHE_FIELDS}, which=which, source=source.fingerprint,
                 tokenizer=tokenizer_fingerprint(tokenizer))
     rule = source.hold_out
     if rule is not None and (rule.rows is not None or rule.tail is not None):  # a small source's own split
         spec["hold_out"] = [rule.rows, rule.tail]
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-def token_cache_path(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
-    "The file in `cache_dir` holding a split's tokens: its name carries the source's and the tokenizer's fingerprint."
-    dtype = np.dtype(token_dtype(tokenizer.get_vocab_size())).name
-    return Path(cache_dir) / f"tokens-{which}-{_cache_key(source, which, tokenizer)}.{dtype}.bin"
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"tokens-{which}-{key}.{np.dtype(token_dtype(tokenizer.get_vocab_size())).name}.bin"
 
 def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
                 num_workers: int = 0) -> np.ndarray:
     ("One epoch of the 'train' or 'val' split: memory-mapped from `cache_dir` (built there first if needed), "
      "or in memory.")
-    dtype = token_dtype(tokenizer.get_vocab_size())
     chunks = source.chunks(which, epochs=1, docs_per_chunk=256)
     encoded = encode_chunks(chunks, tokenizer, source.separator, num_workers)
     if cache_dir is None:
@@ -620,7 +602,7 @@ def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir:
             for tokens, _ in encoded:
                 f.write(tokens.tobytes())
         tmp.replace(path)
-    return np.memmap(path, dtype=dtype, mode="r")
+    return np.memmap(path, dtype=token_dtype(tokenizer.get_vocab_size()), mode="r")
 
 # %% ../nbs/03_data.ipynb #26670055
 def first_tokens(source: TextSource, which: str, tokenizer: Tokenizer, n_tokens: int) -> np.ndarray:
@@ -667,8 +649,7 @@ class Batches:
         return np.concatenate([self._order(int(e))[at[epoch == e]] for e in np.unique(epoch)]) * self.stride
 
     def __getitem__(self, step: int) -> np.ndarray:
-        starts = self.window_starts(step)
-        return self.tokens[starts[:, None] + np.arange(self.seq_len + 1)].astype(np.int32)
+        return self.tokens[self.window_starts(step)[:, None] + np.arange(self.seq_len + 1)].astype(np.int32)
 
 # %% ../nbs/03_data.ipynb #4201733f
 class _Packer:
@@ -752,8 +733,7 @@ class StreamingBatches(_Packer, _ShuffleBuffer, _StreamState):
     def __iter__(self): return self
 
     def __next__(self) -> np.ndarray:
-        if self._iter is None:
-            self._iter = self._batches()
+        self._iter = self._iter or self._batches()  # started at the first batch, after any `load_state`
         return next(self._iter)
 
     def close(self) -> None:
@@ -777,40 +757,24 @@ class Prefetcher:
     ("Call `produce()` on a background thread, keeping up to `depth` results ready; "
      "`waited` is the seconds `next` blocked.")
     def __init__(self, produce: Callable[[], object], depth: int = 4):
-        self._produce, self._queue, self._stop = produce, queue.Queue(depth), threading.Event()
-        self.waited = 0.0
-        self._thread = threading.Thread(target=self._run, daemon=True, name="tiny-lm-data")
-        self._thread.start()
-
-    def _put(self, item) -> None:
-        while not self._stop.is_set():
-            try:
-                return self._queue.put(item, timeout=0.1)
-            except queue.Full:
-                pass
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._put((True, self._produce()))
-        except BaseException as e:  # handed to the consumer, raised there
-            self._put((False, e))
+        self._produce, self.waited = produce, 0.0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiny-lm-data")  # one thread: calls in order
+        self._ready = deque(self._pool.submit(produce) for _ in range(depth))
 
     def __iter__(self): return self
 
     def __next__(self):
-        started = time.perf_counter()
-        ok, item = self._queue.get()
-        self.waited += time.perf_counter() - started
-        if not ok:
-            self._stop.set()
-            raise item
-        return item
+        started, ready = time.perf_counter(), self._ready.popleft()
+        self._ready.append(self._pool.submit(self._produce))
+        try:
+            return ready.result()  # what `produce()` raised is raised here, at its batch
+        finally:
+            self.waited += time.perf_counter() - started
 
     def close(self) -> None:
-        "Stop the thread (it finishes the item it is making)."
-        self._stop.set()
-        self._thread.join(timeout=10)
+        "Stop the thread: drop the results not begun, and wait up to 10 s for the one it is making."
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        wait(self._ready, timeout=10)
 
 # %% ../nbs/03_data.ipynb #d2f3c2c2
 def step_batches(batches, start_step: int = 0, accum_steps: int = 1, depth: int = 4) -> Prefetcher:
@@ -822,8 +786,5 @@ def step_batches(batches, start_step: int = 0, accum_steps: int = 1, depth: int 
                               "restore the stream state saved with that step")
         return Prefetcher(
             lambda: (np.concatenate([next(batches) for _ in range(accum_steps)]), batches.snapshot()), depth)
-    steps = iter(range(start_step, 2**62))
-    def produce():
-        step = next(steps)
-        return np.concatenate([batches[step * accum_steps + a] for a in range(accum_steps)]), None
-    return Prefetcher(produce, depth)
+    micro = iter(range(start_step * accum_steps, 2**62))  # the micro-batches from `start_step` on
+    return Prefetcher(lambda: (np.concatenate([batches[next(micro)] for _ in range(accum_steps)]), None), depth)

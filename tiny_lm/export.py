@@ -15,8 +15,9 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from .checkpoint import load_checkpoint, run_meta
+from .errors import TinyLMError
 from .model import ModelConfig, Transformer, merge_lora
-from .tokenizer import END_OF_TEXT_TOKENS, TinyLMError, document_separator
+from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
 __all__ = ['check_exportable', 'llama_weights', 'llama_config', 'save_hf', 'export_hf']
@@ -47,7 +48,8 @@ def llama_weights(model: Transformer) -> dict[str, np.ndarray]:
     model = merge_lora(model) if model.cfg.lora_rank else model
     H, G, K = model.cfg.n_head, model.cfg.n_kv_head, model.cfg.head_dim
     weights = {"model.embed_tokens.weight": _f32(model.embed.embedding), "model.norm.weight": _f32(model.norm.scale)}
-    for i, block in enumerate(model.blocks):
+    for i in range(model.cfg.n_layer):
+        block = model.layer(i)
         q_DHK, k_DGK, v_DGK = np.split(_f32(block.attn.qkv.kernel), [H * K, (H + G) * K], axis=1)
         layer = {"input_layernorm": _f32(block.attn_norm.scale), "post_attention_layernorm": _f32(block.mlp_norm.scale),
                  "self_attn.q_proj": np.ascontiguousarray(q_DHK.T), "self_attn.k_proj": np.ascontiguousarray(k_DGK.T),

@@ -6,19 +6,19 @@
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import NamedTuple
 
 from .data import BUILTIN_CORPUS
 from .model import PRECISIONS
 from .parallel import usable_cores
 from .profiles import PROFILES
 from .sizing import PRESET_LABELS, PRESETS
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['DATA_FLAGS', 'TOKENIZER_FLAGS', 'MODEL_FLAGS', 'SHAPE_FLAGS', 'TRAIN_FLAGS', 'MODEL_RENAMES', 'EXPORT_FORMATS',
-           'AT_LEAST_1', 'AT_LEAST_0', 'POSITIVE', 'FLAG_RANGES', 'EXAMPLES', 'Range', 'check_ranges', 'build_parser']
+           'FLAG_RANGES', 'EXAMPLES', 'Range', 'at_least', 'check_ranges', 'given_flags', 'build_parser']
 
 # %% ../nbs/08c_flags.ipynb #6821e5af
 DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
@@ -32,7 +32,7 @@ TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int,
                 "save_every_minutes": float, "keep_checkpoints": int,
-                "steps_per_call": int}
+                "steps_per_call": int, "remat": str}
 MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
 
 # %% ../nbs/08c_flags.ipynb #d2ba7a78
@@ -64,6 +64,10 @@ _HELP = {
     "batch_size": "sequences per micro-batch on each device, a CPU counting as one device (shared out over its cores); "
                   "the global batch is this × devices (default: the --profile's: 16 on a CPU, 32,768 tokens' worth "
                   "on a GPU or TPU)",
+    "remat": "what the backward pass recomputes instead of keeping, to fit a bigger batch in memory: none, block "
+             "(each block's activations: the least memory, about a third more compute) or dots (keeps the matmul "
+             "outputs) (default: the --profile's: none on a CPU; on a GPU or TPU the least recomputation that "
+             "lets the planned batch fit without gradient accumulation)",
     "steps_per_call": "optimizer steps per compiled call (one scan over that many batches): fewer launches for a "
                       "small model on an accelerator; logging, evaluation, checkpoints and Ctrl-C/SIGTERM take "
                       "effect at the end of a call (default: the --profile's: 1 on a CPU, up to 10 for small models "
@@ -101,13 +105,11 @@ _HELP = {
 def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model (defaults: the tiny preset on the built-in corpus, on 2 CPU cores "
                                      "in a few minutes)")
-    groups = {}
-    for group, flags in [("data", DATA_FLAGS), ("tokenizer", TOKENIZER_FLAGS), ("model", MODEL_FLAGS),
-                         ("training", TRAIN_FLAGS)]:
-        g = groups[group] = p.add_argument_group(group)
+    groups = [p.add_argument_group(title) for title in ("data", "tokenizer", "model", "training")]
+    for group, flags in zip(groups, (DATA_FLAGS, TOKENIZER_FLAGS, MODEL_FLAGS, TRAIN_FLAGS)):
         for name, typ in flags.items():
-            g.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=_HELP[name])
-    d, t, g = groups["data"], groups["tokenizer"], groups["model"]
+            group.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=_HELP[name])
+    d, t, m, _ = groups
     d.add_argument("--use-streaming", dest="streaming", action="store_const", const=True, default=None,
                    help="stream the data: start at once, any corpus size (default: on for hub ids and local sources "
                         "over 100 MB)")
@@ -119,9 +121,9 @@ def _train_parser(sub) -> None:
                    help="train a new tokenizer even if tokenizer.json exists (default: off, reuse it)")
     t.add_argument("--tokenizer-path", default=None,
                    help="use this tokenizer.json instead of training one (default: none, train one)")
-    _size_flags(g, "the --profile's: tiny on a CPU")
-    _switch_flags(g, "(cuDNN on GPUs, Pallas splash on TPUs)")
-    _precision_flags(g, "the --profile's, which is auto")
+    _size_flags(m, "the --profile's: tiny on a CPU")
+    _switch_flags(m, "(cuDNN on GPUs, Pallas splash on TPUs)")
+    _precision_flags(m, "the --profile's, which is auto")
     for add in (_output_flags, _fine_tuning_flags, _device_flags, _copy_flags):
         add(p)
 
@@ -348,6 +350,8 @@ def _bench_train_parser(kinds) -> None:
                    help="micro-batches per optimizer step (default: 1)")
     t.add_argument("--steps-per-call", type=int, default=1, help="optimizer steps per compiled call, one scan over "
                    "that many batches (default: 1)")
+    t.add_argument("--remat", default="none", help="what the backward pass recomputes instead of keeping: none, "
+                   "block or dots, as tiny-lm train --remat (default: none)")
     _mesh_flags(t, "as tiny-lm train chooses: replicated if the memory estimate fits")
     t.add_argument("--steps", type=int, default=300,
                    help="training steps to time, after the first (compiling) interval (default: 300)")
@@ -365,28 +369,16 @@ def _bench_generate_parser(kinds) -> None:
                    "batch 8 is split over them when they divide it (default: 1)")
 
 # %% ../nbs/08c_flags.ipynb #f988d04b
-@dataclass(frozen=True)
-class Range:
-    "The values a numeric flag accepts: `low` and `high` bounds (None: unbounded), each included unless marked open."
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False  # the low bound itself is refused
-    high_open: bool = False
+class Range(NamedTuple):
+    "The values a numeric flag accepts: those `accepts` passes (NaN fails every comparison), and how to say which."
+    accepts: Callable[[float], bool]
+    text: str  # what the error says the value must be
     hint: str = ""  # what to pass instead, after the error
 
-    def __contains__(self, value) -> bool:
-        above = self.low is None or value > self.low or value == self.low and not self.low_open
-        below = self.high is None or value < self.high or value == self.high and not self.high_open
-        return above and below and not (isinstance(value, float) and math.isnan(value))
+def at_least(low: int, hint: str = "") -> Range:
+    "`low` and every number above it."
+    return Range(lambda value: value >= low, "0 or more" if low == 0 else f"at least {low}", hint)
 
-    def __str__(self) -> str:
-        if self.high is not None:
-            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-        if self.low_open:
-            return f"more than {self.low:g}"
-        return "0 or more" if self.low == 0 else f"at least {self.low:g}"
-
-AT_LEAST_1, AT_LEAST_0, POSITIVE = Range(1), Range(0), Range(0, low_open=True)
 FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys override the plain name for that command
     **dict.fromkeys(["max_train_examples", "max_val_examples", "stride", "tokenizer_train_examples", "d_model",
                      "num_layers", "num_heads", "num_kv_heads", "d_ff", "seq_len", "batch_size",
@@ -394,27 +386,32 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
                      "max_skipped_steps", "keep_checkpoints", "steps_per_call", "target_params", "cpu_devices",
                      "num_processes", "coordinator_timeout", "num_samples", "max_examples", "tokens", "steps",
                      "vocab_size"],
-                    AT_LEAST_1),
+                    at_least(1)),
     **dict.fromkeys(["num_workers", "warmup_steps", "weight_decay", "grad_clip", "save_every_minutes", "seed",
                      "sample_tokens", "eval_sample_tokens", "process_id", "max_tokens", "temperature", "top_k"],
-                    AT_LEAST_0),
-    "shuffle_buffer_size": Range(1, hint="1 disables shuffling"), "lora_rank": Range(1, hint="8 or 16 is usual"),
-    "lora_alpha": POSITIVE, "learning_rate": POSITIVE, "epochs": POSITIVE,
-    "max_steps": Range(1, hint="the run trains that many optimizer steps"),
-    "dropout_rate": Range(0, 1, high_open=True, hint="0.1 is usual, 0 turns dropout off"),
-    "top_p": Range(0, 1, low_open=True, hint="1 keeps every token, 0.9 is usual"),
+                    at_least(0)),
+    "shuffle_buffer_size": at_least(1, "1 disables shuffling"), "lora_rank": at_least(1, "8 or 16 is usual"),
+    **dict.fromkeys(["lora_alpha", "learning_rate", "epochs"], Range(lambda value: value > 0, "more than 0")),
+    "max_steps": at_least(1, "the run trains that many optimizer steps"),
+    "dropout_rate": Range(lambda value: 0 <= value < 1, "in [0, 1)", "0.1 is usual, 0 turns dropout off"),
+    "top_p": Range(lambda value: 0 < value <= 1, "in (0, 1]", "1 keeps every token, 0.9 is usual"),
     **dict.fromkeys(["train vocab_size", "train min_vocab_size", "train max_vocab_size", "bench data vocab_size"],
-                    Range(257, hint="a byte-level tokenizer needs 256 bytes + <|endoftext|>")),
-    "bench generate max_tokens": Range(1, hint="there is nothing to time in 0 tokens"),
+                    at_least(257, "a byte-level tokenizer needs 256 bytes + <|endoftext|>")),
+    "bench generate max_tokens": at_least(1, "there is nothing to time in 0 tokens"),
 }
 
 def check_ranges(args: argparse.Namespace, command: str) -> None:
     "A one-line error for the first numeric flag of `command` outside its range in `FLAG_RANGES` (unset flags pass)."
     for name, value in vars(args).items():
         rule = FLAG_RANGES.get(f"{command} {name}", FLAG_RANGES.get(name))
-        if rule is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value not in rule:
+        if rule is not None and type(value) in (int, float) and not rule.accepts(value):  # (a switch is a bool)
             hint = f": {rule.hint}" if rule.hint else ""
-            raise TinyLMError(f"--{name.replace('_', '-')} must be {rule}, got {value}{hint}")
+            raise TinyLMError(f"--{name.replace('_', '-')} must be {rule.text}, got {value}{hint}")
+
+def given_flags(args: argparse.Namespace, names) -> list[str]:
+    "The flags among `names` (as `args` names them) that were given, as typed: a value, or a switch that is on."
+    values = {name: getattr(args, name, None) for name in names}
+    return ["--" + name.replace("_", "-") for name, value in values.items() if value is not None and value is not False]
 
 # %% ../nbs/08c_flags.ipynb #6d337a26
 EXAMPLES = {  # two per command, shown at the end of its --help

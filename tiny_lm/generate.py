@@ -5,29 +5,25 @@
 # %% ../nbs/07_generate.ipynb #534b0b44
 from __future__ import annotations
 
-import math
 import sys
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache, partial
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tokenizers import Tokenizer
 
-from .model import ModelConfig, Transformer, attention_implementation, causal_attention, mesh_of, on_mesh
+from .errors import TinyLMError
+from .model import ModelConfig, Transformer, mesh_of, on_mesh
 from .parallel import batch_sharding, make_mesh
-from .tokenizer import END_OF_TEXT_TOKENS, EOT, TinyLMError, document_separator
+from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
 __all__ = ['DECODE_CHUNK', 'filter_logits', 'sample_token', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache',
-           'cached_attention', 'forward_cached', 'check_sampling', 'generate_batch', 'generate', 'Playground',
-           'playground', 'evaluate_text']
+           'check_sampling', 'generate_batch', 'generate']
 
 # %% ../nbs/07_generate.ipynb #6e6f1dd2
 def filter_logits(logits_V: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
@@ -85,42 +81,12 @@ def _window_start(start: int, n: int, seq_len: int) -> int:
     return start if n - start <= seq_len else n - max(1, seq_len // 2)
 
 # %% ../nbs/07_generate.ipynb #8ea34347
-def init_cache(cfg: ModelConfig, batch: int, sharding=None) -> list[dict]:
-    "An empty KV cache: per layer, keys and values `[B, S, G, K]` for the `S = seq_len` slots of the window."
-    shape = (batch, cfg.seq_len, cfg.n_kv_head, cfg.head_dim)
-    return [{"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
-            for _ in range(cfg.n_layer)]
-
-def cached_attention(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, positions_T: jax.Array) -> jax.Array:
-    "Each query attends to the cache slots up to its own position; query head `h` reads key/value head `h // (H/G)`."
-    B, T, H, K = q_BTHK.shape
-    S, G = k_BSGK.shape[1], k_BSGK.shape[2]
-    q_BTGJK = q_BTHK.reshape(B, T, G, H // G, K)  # J = H/G query heads share one key/value head
-    scores_BGJTS = jnp.einsum("btgjk,bsgk->bgjts", q_BTGJK, k_BSGK).astype(jnp.float32) / math.sqrt(K)
-    visible_TS = jnp.arange(S)[None, :] <= positions_T[:, None]
-    probs_BGJTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGJTS, -jnp.inf), axis=-1).astype(v_BSGK.dtype)
-    return jnp.einsum("bgjts,bsgk->btgjk", probs_BGJTS, v_BSGK).reshape(B, T, H, K)
-
-# %% ../nbs/07_generate.ipynb #72be83d4
-def forward_cached(model: Transformer, tokens_BT: jax.Array, cache: list[dict], start,
-                   kernel: str | None = None) -> tuple[jax.Array, list[dict]]:
-    """Logits `[B, T, V]` of tokens at window positions `start … start+T−1`, with their keys and values written
-    into `cache`. `kernel`: a prefill (`start` 0), whose tokens attend to each other alone with that attention
-    kernel, as the model does; None: the tokens attend over the cache slots."""
-    B, T = tokens_BT.shape
-    positions_T = start + jnp.arange(T)
-    x_BTD, rope_TK = model.inputs(tokens_BT, positions_T)
-    new_cache = []
-    for block, layer in zip(model.blocks, cache):
-        q_BTHK, k_BTGK, v_BTGK = block.attn.heads(block.attn_norm(x_BTD), rope_TK)
-        k_BSGK = jax.lax.dynamic_update_slice(layer["k"], k_BTGK.astype(layer["k"].dtype), (0, start, 0, 0))
-        v_BSGK = jax.lax.dynamic_update_slice(layer["v"], v_BTGK.astype(layer["v"].dtype), (0, start, 0, 0))
-        y_BTHK = (cached_attention(q_BTHK, k_BSGK, v_BSGK, positions_T) if kernel is None
-                  else causal_attention(q_BTHK, k_BTGK, v_BTGK, kernel))
-        x_BTD = x_BTD + block.attn.out(y_BTHK.reshape(B, T, -1))
-        x_BTD = x_BTD + block.mlp(block.mlp_norm(x_BTD))
-        new_cache.append({"k": k_BSGK, "v": v_BSGK})
-    return model.logits(x_BTD), new_cache
+def init_cache(cfg: ModelConfig, batch: int, rows: NamedSharding | None = None) -> dict:
+    """An empty KV cache: keys and values `[L, B, S, G, K]` for every layer and the `S = seq_len` slots of the window
+    (`rows`: how a batch's rows are laid out, None: one device)."""
+    shape = (cfg.n_layer, batch, cfg.seq_len, cfg.n_kv_head, cfg.head_dim)
+    sharding = rows and NamedSharding(rows.mesh, P(None, *rows.spec))  # the rows are the second axis
+    return {"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
 
 # %% ../nbs/07_generate.ipynb #ef2a8aef
 @lru_cache(maxsize=8)
@@ -132,8 +98,7 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
     def prefill(leaves, cache, tokens_BT, last, key, n, temperature, top_p, **mode):
         "Fill the cache with the window so far `[B, T]`; sample each row's token after position `last` (token `n`)."
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        kernel = attention_implementation(model.cfg, tokens_BT.shape[1])  # splash on a TPU, cuDNN on a GPU
-        logits_BTV, cache = forward_cached(model, tokens_BT, cache, 0, kernel)
+        logits_BTV, cache = model.extend(tokens_BT, cache, 0)  # splash on a TPU, cuDNN on a GPU
         return sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode), cache
 
     def decode(leaves, cache, token_B, position, key, n, steps, temperature, top_p, **mode):
@@ -142,7 +107,7 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
         def one(i, carry):
             cache, token_B, new_BK = carry
-            logits_B1V, cache = forward_cached(model, token_B[:, None], cache, position + i)
+            logits_B1V, cache = model.extend(token_B[:, None], cache, position + i)
             token_B = sample_rows(logits_B1V[:, 0], jax.random.fold_in(key, n + i), temperature, top_p, **mode)
             return cache, token_B, new_BK.at[:, i].set(token_B)
         new_BK = jnp.zeros((token_B.shape[0], DECODE_CHUNK), token_B.dtype)
@@ -291,143 +256,3 @@ def generate(model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new
     (one sample of `generate_batch`; `on_text` gets its pieces)."""
     return generate_batch(model, tokenizer, prompt, 1, max_new_tokens, temperature, top_k, top_p, seed, stop_at_eot,
                           stop, use_cache, on_text and (lambda i, piece: on_text(piece)))[0]
-
-# %% ../nbs/07_generate.ipynb #f29cb81e
-class Playground:
-    "A prompt box, the sampling knobs, a Generate button and the sample's text as it streams (ipywidgets)."
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, prompt: str = "", max_new_tokens: int = 200,
-                 temperature: float = 0.8, top_k: int = 50, top_p: float = 1.0, seed: int = 0):
-        import ipywidgets as w  # a notebook library: imported when a playground is made, not with this module
-        self.model, self.tokenizer = model, tokenizer
-        self.prompt = w.Textarea(prompt, placeholder="a prompt (empty: a new document)", layout=w.Layout(width="100%"))
-        self.temperature = w.FloatSlider(temperature, min=0, max=2, step=0.05, description="temperature")
-        self.top_k = w.IntSlider(top_k, min=0, max=min(tokenizer.get_vocab_size(), 200), description="top-k")
-        self.top_p = w.FloatSlider(top_p, min=0.05, max=1, step=0.05, description="top-p")
-        self.max_tokens = w.IntSlider(max_new_tokens, min=1, max=max(8 * model.cfg.seq_len, max_new_tokens),
-                                      description="max tokens")
-        self.seed = w.IntText(seed, description="seed")
-        self.button = w.Button(description="Generate", button_style="primary")
-        self.output = w.Textarea(layout=w.Layout(width="100%", height="14em"))
-        self.status = w.Label()
-        self.button.on_click(self.sample)
-        self.widget = w.VBox([self.prompt, w.HBox([self.temperature, self.top_k, self.top_p]),
-                              w.HBox([self.max_tokens, self.seed, self.button]), self.output, self.status])
-
-    def sample(self, _button=None) -> str:
-        "Generate with the widgets' settings, the text streaming into the output box; returns it."
-        prompt, started = self.prompt.value, time.perf_counter()
-        self.button.disabled, self.output.value = True, prompt
-        def show(piece: str) -> None:
-            self.output.value += piece
-        try:
-            text = generate(self.model, self.tokenizer, prompt, self.max_tokens.value, self.temperature.value,
-                            self.top_k.value, self.top_p.value, self.seed.value, on_text=show)
-            self.status.value = f"{len(text) - len(prompt)} characters in {time.perf_counter() - started:.1f} s"
-        except TinyLMError as e:
-            text, self.status.value = self.output.value, str(e)
-        finally:
-            self.button.disabled = False
-        self.output.value = text
-        return text
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-        display(self.widget)
-
-# %% ../nbs/07_generate.ipynb #7e138d67
-def playground(
-    source: str | Path | Transformer,  # a run folder (its newest readable checkpoint), or a model
-    tokenizer: Tokenizer | None = None,  # the model's tokenizer (a run folder brings its own)
-    prompt: str = "",  # the prompt box's first text
-    max_new_tokens: int = 200,  # the max tokens slider's first value
-    **knobs,  # first values of the other widgets: temperature, top_k, top_p, seed
-) -> Playground:
-    "Widgets to sample from a run or a model: show the result in a notebook (it is the last value of a cell)."
-    if isinstance(source, Transformer):
-        if tokenizer is None:
-            raise TinyLMError("playground(model) needs the model's tokenizer: playground(model, tokenizer)")
-        return Playground(source, tokenizer, prompt, max_new_tokens, **knobs)
-    from tiny_lm.checkpoint import load_checkpoint  # here, not at the top: the checkpoint module imports Orbax
-    model, tokenizer, _ = load_checkpoint(source)
-    return Playground(model, tokenizer, prompt, max_new_tokens, **knobs)
-
-# %% ../nbs/07_generate.ipynb #c1a6d909
-def _scored_stream(documents: Iterable[str], tokenizer: Tokenizer, separator: str, max_tokens: int | None,
-                   max_documents: int | None):
-    "The token stream of the documents, which of its tokens are scored, the bytes they encode, and the documents read."
-    context = document_separator(tokenizer)[0]
-    ids, scored, n_bytes, n_docs = list(context), [False] * len(context), 0, 0
-    for doc in documents:
-        if ((max_documents is not None and n_docs >= max_documents)
-                or (max_tokens is not None and len(ids) >= max_tokens)):
-            break
-        text = doc if separator == EOT else doc + separator
-        doc_ids = tokenizer.encode(text, add_special_tokens=False).ids
-        ids, scored = ids + doc_ids, scored + [True] * len(doc_ids)
-        if separator == EOT:  # the end-of-text token after the document: context for the next one, not scored
-            ids, scored = ids + context, scored + [False] * len(context)
-        n_bytes += len(text.encode())
-        n_docs += 1
-    return np.array(ids, np.int32), np.array(scored, bool), n_bytes, n_docs
-
-def _windows(ids: np.ndarray, scored: np.ndarray, seq_len: int, stride: int, batch_size: int):
-    """Batches `(inputs, targets, weights)` of `[batch_size, seq_len]` windows;
-    each target is weighted 1 in exactly one window."""
-    starts = range(0, max(len(ids) - 1 - seq_len, 0) + stride, stride)
-    rows, done = [], 0
-    for s in starts:
-        inputs, targets = np.zeros(seq_len, np.int32), np.zeros(seq_len, np.int32)
-        chunk = ids[s:s + seq_len + 1]
-        inputs[:len(chunk) - 1], targets[:len(chunk) - 1] = chunk[:-1], chunk[1:]
-        index = s + np.arange(seq_len)  # the position in the stream of each target's input token
-        weights = (index >= done) & (index < len(ids) - 1) & scored[np.minimum(index + 1, len(ids) - 1)]
-        done = s + seq_len
-        rows.append((inputs, targets, weights.astype(np.float32)))
-        if len(rows) == batch_size:
-            yield tuple(np.stack(r) for r in zip(*rows))
-            rows = []
-    if rows:
-        rows += [tuple(np.zeros_like(a) for a in rows[0])] * (batch_size - len(rows))  # a fixed shape: one compilation
-        yield tuple(np.stack(r) for r in zip(*rows))
-
-@lru_cache(maxsize=8)
-def _nll_sum(graphdef: nnx.GraphDef, mesh=None) -> Callable:
-    "The compiled sum of weighted negative log-likelihoods (nats) of a batch of windows (the state on `mesh`)."
-    @jax.jit
-    @on_mesh(mesh)
-    def nll(state, inputs_BT, targets_BT, weights_BT):
-        logits_BTV = nnx.merge(graphdef, state)(inputs_BT)
-        return (optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT) * weights_BT).sum()
-    return nll
-
-# %% ../nbs/07_generate.ipynb #644f501c
-def evaluate_text(
-    model: Transformer, tokenizer: Tokenizer, documents: Iterable[str],
-    # EOT: documents follow the end-of-text token (context, not scored); else text appended to each (scored)
-    separator: str = EOT,
-    # stop reading documents once the stream holds this many tokens (whole documents only)
-    max_tokens: int | None = None,
-    max_documents: int | None = None,  # read at most this many documents
-    stride: int | None = None,  # tokens between window starts (None: half the window)
-    batch_size: int = 16,  # windows per compiled call
-    # places a `[B, T]` batch on the model's devices (05_parallel's `global_put` on a mesh)
-    put: Callable = lambda x: x,
-) -> dict:
-    "Mean loss (nats per token), perplexity and bits per byte of the model on the documents, every token scored once."
-    T = model.cfg.seq_len
-    stride = stride or max(1, T // 2)
-    if not 1 <= stride <= T:
-        raise TinyLMError(f"the scoring stride must be between 1 and the window {T}, got {stride}")
-    ids, scored, n_bytes, n_docs = _scored_stream(documents, tokenizer, separator, max_tokens, max_documents)
-    if not scored.any():
-        raise TinyLMError("no text to score: the documents are empty")
-    graphdef, state = nnx.split(model)
-    nll, step = 0.0, _nll_sum(graphdef, mesh_of(state))
-    for inputs_BT, targets_BT, weights_BT in _windows(ids, scored, T, stride, batch_size):
-        nll += float(step(state, put(inputs_BT), put(targets_BT), put(weights_BT)))
-    tokens = int(scored[1:].sum())
-    loss = nll / tokens
-    return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": nll / math.log(2) / n_bytes, "tokens": tokens,
-            "bytes": n_bytes, "documents": n_docs,
-            "windows": f"{T} tokens advancing by {stride}: every token scored once, "
-                       f"after the first window with at least {T - stride} tokens of left context"}

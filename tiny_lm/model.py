@@ -15,13 +15,14 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .tokenizer import TinyLMError
+from .cpu import dot_general, scan_layers
+from .errors import TinyLMError
 
 # %% auto #0
-__all__ = ['ATTENTION_KERNELS', 'PRECISIONS', 'ModelConfig', 'cpu_matmul', 'Linear', 'rope_angles', 'apply_rope',
+__all__ = ['ATTENTION_KERNELS', 'REMAT', 'PRECISIONS', 'ModelConfig', 'Linear', 'rope_angles', 'apply_rope',
            'attention_implementation', 'describe_attention', 'splash_attention', 'mesh_of', 'on_mesh',
-           'causal_attention', 'Attention', 'MLP', 'Block', 'Transformer', 'count_params', 'default_precision',
-           'add_lora', 'merge_lora']
+           'causal_attention', 'cached_attention', 'Attention', 'MLP', 'Block', 'Transformer', 'count_params',
+           'default_precision', 'add_lora', 'merge_lora']
 
 # %% ../nbs/01_model.ipynb #d9d47904
 @dataclass(frozen=True)
@@ -129,45 +130,19 @@ def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     return nnx.RMSNorm(cfg.d_model, **kw) if cfg.use_rmsnorm else nnx.LayerNorm(cfg.d_model, **kw)
 
 # %% ../nbs/01_model.ipynb #056cee0e
-@jax.custom_vjp
-def cpu_matmul(x_MI: jax.Array, w_IO: jax.Array) -> jax.Array:
-    """`x·W`, whose gradient computes a narrowing weight's `xᵀ·dy` as `(dyᵀ·x)ᵀ`,
-    the orientation XLA's CPU matmul runs fastest."""
-    return x_MI @ w_IO
-
-def _cpu_matmul_fwd(x_MI, w_IO):
-    return x_MI @ w_IO, (x_MI, w_IO)
-
-def _cpu_matmul_bwd(residuals, dy_MO):
-    x_MI, w_IO = residuals
-    if w_IO.shape[1] < w_IO.shape[0]:  # O < I: the barrier stops XLA folding the transpose back into the matmul
-        dw_IO = jax.lax.optimization_barrier(dy_MO.T @ x_MI).T
-    else:
-        dw_IO = x_MI.T @ dy_MO
-    return dy_MO @ w_IO.T, dw_IO
-
-cpu_matmul.defvjp(_cpu_matmul_fwd, _cpu_matmul_bwd)
-
 class Linear(nnx.Linear):
     "A bias-free `nnx.Linear`, plus an optional LoRA adapter (`cfg.lora_rank > 0`): `y = x·W + (α/r)·x·A·B`."
     def __init__(self, d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None):
         dtypes = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype])
-        super().__init__(d_in, d_out, use_bias=False, kernel_init=init or _init(), rngs=rngs, **dtypes)
+        super().__init__(d_in, d_out, use_bias=False, kernel_init=init or _init(), dot_general=dot_general,
+                         rngs=rngs, **dtypes)
         # B starts at zero
         self.lora = nnx.LoRA(d_in, cfg.lora_rank, d_out, rngs=rngs, **dtypes) if cfg.lora_rank else None
         self.lora_scale = cfg.lora_scale
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x_MI = x.reshape(-1, x.shape[-1])  # M: the leading axes as one (B·T), see above
-        # chosen when the program is lowered for its platform (so a step exported for a TPU from a CPU is a TPU's)
-        y_MO = jax.lax.platform_dependent(x_MI.astype(self.dtype), self.kernel[...].astype(self.dtype),
-                                          cpu=cpu_matmul, default=jnp.matmul)
-        if self.lora is not None:
-            y_MO = y_MO + self.lora_scale * self.lora(x_MI)
-        return y_MO.reshape(*x.shape[:-1], y_MO.shape[-1])
-
-def _linear(d_in: int, d_out: int, cfg: ModelConfig, rngs: nnx.Rngs, init=None) -> Linear:
-    return Linear(d_in, d_out, cfg, rngs, init)
+        y = super().__call__(x)
+        return y if self.lora is None else y + self.lora_scale * self.lora(x)
 
 # %% ../nbs/01_model.ipynb #95e43782
 def rope_angles(positions_T: jax.Array, head_dim: int, theta: float = 10_000.0) -> tuple[jax.Array, jax.Array]:
@@ -277,17 +252,26 @@ def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, ke
         return splash_attention(q_BTHK, k_BTGK, v_BTGK)
     return jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, is_causal=True, implementation=kernel)
 
+def cached_attention(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, positions_T: jax.Array) -> jax.Array:
+    "Each query attends to the cache slots up to its own position; query head `h` reads key/value head `h // (H/G)`."
+    B, T, H, K = q_BTHK.shape
+    S, G = k_BSGK.shape[1], k_BSGK.shape[2]
+    q_BTGJK = q_BTHK.reshape(B, T, G, H // G, K)  # J = H/G query heads share one key/value head
+    scores_BGJTS = jnp.einsum("btgjk,bsgk->bgjts", q_BTGJK, k_BSGK).astype(jnp.float32) / math.sqrt(K)
+    visible_TS = jnp.arange(S)[None, :] <= positions_T[:, None]
+    probs_BGJTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGJTS, -jnp.inf), axis=-1).astype(v_BSGK.dtype)
+    return jnp.einsum("bgjts,bsgk->btgjk", probs_BGJTS, v_BSGK).reshape(B, T, H, K)
+
 class Attention(nnx.Module):
-    "Multi-head causal self-attention with optional RoPE."
+    "Multi-head causal self-attention with optional RoPE, and an optional KV cache."
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.qkv = _linear(cfg.d_model, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, cfg, rngs)
-        self.out = _linear(cfg.d_model, cfg.d_model, cfg, rngs, init=_residual_init(cfg))
+        self.qkv = Linear(cfg.d_model, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, cfg, rngs)
+        self.out = Linear(cfg.d_model, cfg.d_model, cfg, rngs, init=_residual_init(cfg))
 
     def heads(self, x_BTD: jax.Array,
               rope_TK: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Queries `[B, T, H, K]`, keys and values `[B, T, G, K]`, rotated when `rope_TK` is given
-        (the KV cache stores these keys)."""
+        "Queries `[B, T, H, K]`, keys and values `[B, T, G, K]`, rotated when `rope_TK` is given."
         B, T, _ = x_BTD.shape
         H, G = self.cfg.n_head, self.cfg.n_kv_head
         qkv_BTNK = self.qkv(x_BTD).reshape(B, T, H + 2 * G, self.cfg.head_dim)  # N = H + 2G heads
@@ -296,19 +280,28 @@ class Attention(nnx.Module):
             q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope_TK), apply_rope(k_BTGK, *rope_TK)
         return q_BTHK, k_BTGK, v_BTGK
 
-    def __call__(self, x_BTD: jax.Array, rope_TK: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, rope_TK, cache: dict | None = None, start=0) -> tuple[jax.Array, dict | None]:
+        """The attention output, and `cache` (keys and values `[B, S, G, K]` of the window) with this call's written at
+        slot `start`: one token then reads every slot up to its own; several tokens are a prompt from slot 0."""
         B, T, _ = x_BTD.shape
-        y_BTHK = causal_attention(*self.heads(x_BTD, rope_TK), attention_implementation(self.cfg, T))
-        return self.out(y_BTHK.reshape(B, T, self.cfg.d_model))
+        q_BTHK, k_BTGK, v_BTGK = self.heads(x_BTD, rope_TK)
+        if cache is not None:
+            cache = {name: jax.lax.dynamic_update_slice(cache[name], new.astype(cache[name].dtype), (0, start, 0, 0))
+                     for name, new in (("k", k_BTGK), ("v", v_BTGK))}
+        if cache is not None and T == 1:
+            y_BTHK = cached_attention(q_BTHK, cache["k"], cache["v"], start + jnp.arange(T))
+        else:  # training, or a prompt: its tokens attend to each other with the device's fastest kernel
+            y_BTHK = causal_attention(q_BTHK, k_BTGK, v_BTGK, attention_implementation(self.cfg, T))
+        return self.out(y_BTHK.reshape(B, T, self.cfg.d_model)), cache
 
 # %% ../nbs/01_model.ipynb #8d102888
 class MLP(nnx.Module):
     "SwiGLU or a plain two-matrix MLP, projecting D → F → D."
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.use_swiglu, self.act = cfg.use_swiglu, _ACTIVATIONS[cfg.activation]
-        self.up = _linear(cfg.d_model, cfg.d_ff, cfg, rngs)
-        self.gate = _linear(cfg.d_model, cfg.d_ff, cfg, rngs) if cfg.use_swiglu else None
-        self.down = _linear(cfg.d_ff, cfg.d_model, cfg, rngs, init=_residual_init(cfg))
+        self.up = Linear(cfg.d_model, cfg.d_ff, cfg, rngs)
+        self.gate = Linear(cfg.d_model, cfg.d_ff, cfg, rngs) if cfg.use_swiglu else None
+        self.down = Linear(cfg.d_ff, cfg.d_model, cfg, rngs, init=_residual_init(cfg))
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         h_BTF = jax.nn.silu(self.gate(x_BTD)) * self.up(x_BTD) if self.use_swiglu else self.act(self.up(x_BTD))
@@ -326,13 +319,27 @@ class Block(nnx.Module):
         self.mlp_norm, self.mlp = _norm(cfg, rngs), MLP(cfg, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.dropout_rate)  # no random state of its own: keys come with the call
 
-    def __call__(self, x_BTD: jax.Array, rope_TK, dropout_key: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, rope_TK, dropout_key: jax.Array | None = None, cache: dict | None = None,
+                 start=0) -> tuple[jax.Array, dict | None]:
+        "The residual stream after this block, and the KV cache with this block's keys and values written."
         attn_key, mlp_key = _split(dropout_key, 2)
-        x_BTD = x_BTD + self.dropout(self.attn(self.attn_norm(x_BTD), rope_TK),
-                                     deterministic=attn_key is None, rngs=attn_key)
-        return x_BTD + self.dropout(self.mlp(self.mlp_norm(x_BTD)), deterministic=mlp_key is None, rngs=mlp_key)
+        y_BTD, cache = self.attn(self.attn_norm(x_BTD), rope_TK, cache, start)
+        x_BTD = x_BTD + self.dropout(y_BTD, deterministic=attn_key is None, rngs=attn_key)
+        y_BTD = self.mlp(self.mlp_norm(x_BTD))
+        return x_BTD + self.dropout(y_BTD, deterministic=mlp_key is None, rngs=mlp_key), cache
 
 # %% ../nbs/01_model.ipynb #594efda0
+REMAT = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
+         "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}  # what the backward pass keeps of a block
+
+def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
+    "`n_layer` blocks as one `Block` whose arrays have a leading layer axis, each layer from its own keys."
+    @nnx.split_rngs(splits=cfg.n_layer)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, rngs=rngs)
+    return create(rngs)
+
 class Transformer(nnx.Module):
     "Decoder-only language model: token ids `[B, T]` → next-token logits `[B, T, V]`."
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -341,27 +348,49 @@ class Transformer(nnx.Module):
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=_init(), rngs=rngs, **dtypes)
         self.pos_embed = (None if cfg.use_rope else
                           nnx.Embed(cfg.seq_len, cfg.d_model, embedding_init=_init(), rngs=rngs, **dtypes))
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layer)])
+        self.blocks = _stacked_blocks(cfg, rngs)
         self.norm = _norm(cfg, rngs)
         head_cfg = replace(cfg, lora_rank=0)  # adapters go on attention and the MLP, not on an untied output layer
-        self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, head_cfg, rngs)
+        self.lm_head = None if cfg.tie_embeddings else Linear(cfg.d_model, cfg.vocab_size, head_cfg, rngs)
         self.dropout = nnx.Dropout(cfg.dropout_rate)
 
-    def __call__(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    def __call__(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None, remat: str = "none") -> jax.Array:
         "Logits; dropout is applied only when a `dropout_key` is given (training)."
-        return self.logits(self.features(tokens_BT, dropout_key))
+        return self.logits(self.features(tokens_BT, dropout_key, remat))
 
-    def features(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    def features(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None, remat: str = "none") -> jax.Array:
         "The residual stream `[B, T, D]` after the last block: what `logits` projects onto the vocabulary."
         T = tokens_BT.shape[1]
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's seq_len {self.cfg.seq_len}")
         x_BTD, rope_TK = self.inputs(tokens_BT, jnp.arange(T))
-        embed_key, *block_keys = _split(dropout_key, len(self.blocks) + 1)
+        embed_key, blocks_key = _split(dropout_key, 2)
         x_BTD = self.dropout(x_BTD, deterministic=embed_key is None, rngs=embed_key)
-        for block, key in zip(self.blocks, block_keys):
-            x_BTD = block(x_BTD, rope_TK, key)
-        return x_BTD
+        return self.run_blocks(x_BTD, rope_TK, blocks_key, remat=remat)[0]
+
+    def run_blocks(self, x_BTD: jax.Array, rope_TK, dropout_key: jax.Array | None = None, cache: dict | None = None,
+                   start=0, remat: str = "none") -> tuple[jax.Array, dict | None]:
+        """Every block in turn, one `jax.lax.scan` over the stacked layers; `cache`: keys and values `[L, B, S, G, K]`
+        (07_generate), returned with this call's written at slot `start`."""
+        graphdef, layers = nnx.split(self.blocks)
+        keys_L = None if dropout_key is None else jax.random.split(dropout_key, self.cfg.n_layer)
+        def block(x_BTD, layer):
+            params, key, kv = layer
+            return nnx.merge(graphdef, params)(x_BTD, rope_TK, key, kv, start)
+        if REMAT[remat] is not None:  # a rolled loop: unrolled, XLA would undo the recomputation on a CPU
+            return jax.lax.scan(jax.checkpoint(block, policy=REMAT[remat]), x_BTD, (layers, keys_L, cache))
+        return scan_layers(block, x_BTD, (layers, keys_L, cache))
+
+    def extend(self, tokens_BT: jax.Array, cache: dict, start) -> tuple[jax.Array, dict]:
+        "Logits of tokens at window positions `start …`, their keys and values written into `cache` (07_generate)."
+        x_BTD, rope_TK = self.inputs(tokens_BT, start + jnp.arange(tokens_BT.shape[1]))
+        x_BTD, cache = self.run_blocks(x_BTD, rope_TK, cache=cache, start=start)
+        return self.logits(x_BTD), cache
+
+    def layer(self, i: int) -> Block:
+        "Block `i` of the stack as a `Block` of its own (a copy, to look at)."
+        graphdef, layers = nnx.split(self.blocks)
+        return nnx.merge(graphdef, jax.tree.map(lambda x: x[i], layers))
 
     def inputs(self, tokens_BT: jax.Array, positions_T: jax.Array) -> tuple[jax.Array, tuple | None]:
         """The residual stream's start `[B, T, D]` (token embeddings, plus learned positions)

@@ -20,7 +20,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .model import ModelConfig
 from .sizing import train_memory_bytes
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['MESH_AXES', 'SHARDING_RULES', 'cpu_split', 'device_info', 'device_banner', 'make_mesh', 'parse_mesh', 'describe_mesh',
@@ -109,16 +109,17 @@ SHARDING_RULES: tuple[tuple[str, tuple | None], ...] = (
 )
 
 def path_name(path) -> str:
-    "`blocks/0/attn/qkv/kernel` from a pytree key path (NNX's trailing `.value` dropped)."
+    "`blocks/attn/qkv/kernel` from a pytree key path (NNX's trailing `.value` dropped)."
     keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
     return "/".join(k for k in keys if k != "value")
 
 def param_spec(name: str, shape: tuple[int, ...], mesh: Mesh, rules=SHARDING_RULES) -> P:
-    """The `PartitionSpec` of the array at path `name` with `shape`: the first matching rule,
-    minus axes that do not divide."""
+    """The `PartitionSpec` of the array at path `name` with `shape`: the first matching rule (on the last axes: the
+    stacked layers' leading axis stays whole), minus axes that do not divide."""
     spec = next(spec for pattern, spec in rules if re.search(pattern, name))
-    if spec is None or len(spec) != len(shape):
+    if spec is None or len(spec) > len(shape):
         return P()
+    spec = (None,) * (len(shape) - len(spec)) + tuple(spec)
     return P(*(a if a is None or shape[i] % mesh.shape[a] == 0 else None for i, a in enumerate(spec)))
 
 def state_shardings(state, mesh: Mesh, rules=SHARDING_RULES):

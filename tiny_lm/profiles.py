@@ -14,17 +14,17 @@ from types import SimpleNamespace
 import jax
 
 from .model import PRECISIONS, ModelConfig, attention_implementation
-from .sizing import (
-    PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, preset_config, train_memory_bytes)
-from .tokenizer import TinyLMError
-from .train import TrainConfig, peak_flops
+from .sizing import (PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, peak_flops,
+                            preset_config, train_memory_bytes)
+from .errors import TinyLMError
+from .train import TrainConfig
 
 # %% auto #0
-__all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP',
+__all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER',
            'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'SAVE_MINUTES',
            'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours',
            'choose_preset', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing',
-           'Plan', 'plan_run', 'profile_table']
+           'Plan', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -79,8 +79,7 @@ def match_hardware(kind: str) -> Hardware | None:
     return next((hw for hw in HARDWARE.values() if re.search(hw.pattern, kind.lower())), None)
 
 def detect_hardware(device=None) -> Hardware | None:
-    """The hardware of `device` (default: the first local one), with the memory it reports:
-    the table's entry, or a new one for an accelerator the table does not know; None for a CPU."""
+    "The table's entry for `device` (default: the first local one), else a new one, with its memory; None: a CPU."
     device = device or jax.local_devices()[0]
     if device.platform == "cpu":
         return None
@@ -124,15 +123,17 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
 
 # %% ../nbs/04a_profiles.ipynb #3411f66d
 TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an accelerator
+REMAT_ORDER = ("none", "dots", "block")  # from the least recomputation to the most
 
-def choose_batch(cfg: ModelConfig, memory_bytes: int, kernel: str = "xla") -> tuple[int, int]:
-    """`(micro-batch, accumulation steps)` per device for `cfg`: TOKENS_PER_DEVICE_STEP tokens per step,
-    split to fit `memory_bytes`."""
-    fit = fitting_batch(cfg, max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len), memory_bytes, kernel=kernel)
-    if fit is None:
+def choose_batch(cfg: ModelConfig, memory_bytes: int, kernel: str = "xla") -> tuple[int, int, str]:
+    "`(micro-batch, accumulation steps, remat)` per device: TOKENS_PER_DEVICE_STEP tokens at once if a remat fits them."
+    batch = max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len)
+    fits = [(*fit, remat) for remat in REMAT_ORDER  # from the least recomputation: the first whole batch wins
+            if (fit := fitting_batch(cfg, batch, memory_bytes, kernel=kernel, remat=remat)) is not None]
+    if not fits:
         raise TinyLMError(f"not even one sequence of {cfg.seq_len} tokens fits in {memory_bytes / 2**30:.1f} GiB "
                           "for training: choose a smaller model")
-    return fit
+    return next((fit for fit in fits if fit[1] == 1), fits[0])  # else the least remat's micro-batches
 
 # %% ../nbs/04a_profiles.ipynb #83cf5e75
 BASE_LEARNING_RATE, BASE_WIDTH = 3e-3, 128  # the defaults' rate, right for the tiny preset's width
@@ -153,8 +154,7 @@ def choose_steps_per_call(cfg: ModelConfig, tokens_per_step: int, peak: float, m
     return next((k for k in STEPS_PER_CALL if k * step_seconds >= CALL_SECONDS), STEPS_PER_CALL[-1])
 
 def steps_per_call_dividing(k: int, intervals: Sequence[int | None]) -> int:
-    ("The most steps per call, up to `k`, that divides every interval given (--log-every, --eval-every, --save-every, "
-     "--max-steps; None: not given), so that each still lands on its own steps.")
+    "The most steps per call, up to `k`, dividing every interval given (None: not given): each lands on its own steps."
     return max(c for c in STEPS_PER_CALL if c <= k and all(n is None or n % c == 0 for n in intervals))
 
 # %% ../nbs/04a_profiles.ipynb #bbf23b73
@@ -180,6 +180,7 @@ class Plan:
     train_memory_bytes: int  # the estimate at one micro-batch
     compute_optimal_hours: float | None  # of the model, at ASSUMED_MFU (None where the peak is not known)
     steps_per_call: int = 1  # optimizer steps per compiled call
+    remat: str = "none"  # what the backward pass recomputes, to fit the batch at once (TrainConfig.remat)
     overridden: tuple[str, ...] = ()  # the flags given, which win over the plan
 
     @property
@@ -192,14 +193,12 @@ class Plan:
         return replace(preset_config(self.model_preset or "tiny", vocab_size), dtype=self.precision)
 
     def train_config(self, **overrides) -> TrainConfig:
-        ("The planned training settings, with `overrides` (any TrainConfig field) on top; the steps per call "
-         "divide the intervals overridden.")
+        "The planned training settings under `overrides` (any TrainConfig field); steps per call divide those given."
         intervals = [overrides.get(k) for k in ("log_every", "eval_every", "save_every", "max_steps")]
-        return TrainConfig(**{"batch_size": self.batch_size,
-                              "gradient_accumulation_steps": self.gradient_accumulation_steps,
-                              "learning_rate": self.learning_rate, "save_every_minutes": self.save_every_minutes,
-                              "steps_per_call": steps_per_call_dividing(self.steps_per_call, intervals),
-                              **overrides})
+        planned = dict(batch_size=self.batch_size, gradient_accumulation_steps=self.gradient_accumulation_steps,
+                       learning_rate=self.learning_rate, save_every_minutes=self.save_every_minutes, remat=self.remat,
+                       steps_per_call=steps_per_call_dividing(self.steps_per_call, intervals))
+        return TrainConfig(**planned | overrides)
 
     def describe(self) -> str:
         "One line for the banner."
@@ -208,6 +207,7 @@ class Plan:
         model = f"{self.model_preset} preset" if self.model_preset else "the given model"
         accum = f" × {self.gradient_accumulation_steps} accumulation" if self.gradient_accumulation_steps > 1 else ""
         accum += f", {self.steps_per_call} steps per call" if self.steps_per_call > 1 else ""
+        accum += f", remat {self.remat}" if self.remat != "none" else ""
         return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): "
                 f"{model}, {self.seq_len} tokens, "
                 f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, "
@@ -226,8 +226,7 @@ def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig 
 
 def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
              num_devices: int | None = None) -> Plan | None:
-    """The plan of `profile` (auto: this machine's device) for a vocabulary of `vocab_size`;
-    `model` fixes the model (only its batch and learning rate are planned). None for `none`."""
+    "The plan of `profile` (auto: this device; none: None) for `vocab_size`; a given `model` gets its batch and rate."
     if profile not in PROFILES:
         raise TinyLMError(f"--profile {profile} is not known: choose one of {', '.join(PROFILES)}")
     if profile == "none":
@@ -242,26 +241,10 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
     preset = choose_preset(hw, vocab_size, num_devices, memory, device) if model is None else None
     cfg = model or replace(preset_config(preset, vocab_size), dtype=_precision(hw))
     kernel = attention_implementation(cfg, device=device)
-    micro, accum = choose_batch(cfg, memory, kernel)
+    micro, accum, remat = choose_batch(cfg, memory, kernel)
     peak = _peak(hw, cfg.dtype)
     return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum,
                 choose_learning_rate(cfg), cfg.dtype, kernel, SAVE_MINUTES[hw.platform],
-                train_memory_bytes(cfg, micro, kernel=kernel)["total"],
+                train_memory_bytes(cfg, micro, remat, kernel)["total"],
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None,
-                choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1)
-
-# %% ../nbs/04a_profiles.ipynb #95de655a
-def profile_table(vocab_size: int = 4096) -> list[dict]:
-    "Every named profile's plan for one device, as rows: what `--profile NAME` starts with."
-    rows = []
-    for name in PROFILES[1:-1]:
-        p = plan_run(name, vocab_size)
-        cfg = p.model_config(vocab_size)
-        rows.append({"profile": name, "preset": p.model_preset, "params": param_count(cfg), "seq_len": p.seq_len,
-                     "batch": f"{p.batch_size} × {p.gradient_accumulation_steps}", "steps/call": p.steps_per_call,
-                     "learning rate": f"{p.learning_rate:.2g}", "precision": p.precision_flag, "attention": p.attention,
-                     "memory": f"{p.train_memory_bytes / 2**30:.1f}"
-                               + (" GiB" if name == "cpu" else f" / {p.memory_bytes / 2**30:.1f} GiB"),
-                     "hours": None if p.compute_optimal_hours is None else round(p.compute_optimal_hours, 2),
-                     "save every": f"{p.save_every_minutes:g} min"})
-    return rows
+                choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat)

@@ -30,7 +30,8 @@ from .checkpoint import (ARCHITECTURE_FIX, STEP_PREFIX, Checkpointer, base_finge
 from .copies import Destination, Mirror, check_destination, destination, fetch_run, is_url, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
                           open_source, token_cache_path, unigram_loss)
-from .generate import evaluate_text, generate
+from .errors import TinyLMError
+from .generate import generate
 from .model import (ModelConfig, attention_implementation, count_params, default_precision, describe_attention,
                            merge_lora)
 from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh,
@@ -38,20 +39,19 @@ from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, 
                               on_main_process, parse_mesh, path_name, sharded_init, sharded_memory_bytes, split_batch,
                               use_cpu_cores)
 from .profiles import Plan, device_memory, plan_run
-from .sizing import TOKENS_PER_PARAM, param_count, preset_config, size_report
-from .tokenizer import (TinyLMError, TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
+from .score import evaluate_text
+from .show import in_notebook
+from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config, size_report
+from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
-from .train import (TrainConfig, continue_schedule, fit, in_notebook, init_model, legacy_schedule,
-                           new_schedule, peak_flops, set_schedule, use_compile_cache)
+from .train import (TrainConfig, continue_schedule, fit, init_model, legacy_schedule,
+                           new_schedule, set_schedule, use_compile_cache)
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'check_backup_dir', 'resolve_resume', 'saved_run', 'check_continued_model',
-           'continued_configs', 'private_tokens', 'shared_tokens', 'PreparedData', 'prepare_data', 'prepare_tokenizer',
-           'main_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big', 'load_base', 'write_merged',
-           'recorded_model', 'carry_metrics', 'close_copies', 'duration', 'RunState', 'Trainer', 'open_run',
-           'prepare_data_and_tokenizer', 'model_config_for', 'resumed_batch', 'build_model', 'restore_run',
-           'already_done', 'saved_schedule', 'schedule_run', 'open_checkpoints', 'describe_run', 'train',
-           'eval_sampler', 'summarize', 'publish_run', 'report', 'inspect_run', 'describe_inspection']
+__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'resolve_resume', 'saved_run', 'check_continued_model', 'continued_configs',
+           'shared_tokens', 'PreparedData', 'prepare_data', 'prepare_tokenizer', 'mesh_devices', 'run_mesh',
+           'split_cpu', 'warn_if_too_big', 'recorded_model', 'duration', 'RunState', 'Trainer', 'inspect_run',
+           'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #e65ad816
 @dataclass(frozen=True)
@@ -77,15 +77,15 @@ class RunConfig:
         for flag, n in [("--sample-tokens", self.sample_tokens), ("--eval-sample-tokens", self.eval_sample_tokens)]:
             if n is not None and n < 0:
                 raise TinyLMError(f"{flag} must be 0 or more, got {n}")
-        check_backup_dir(self.backup_dir, self.output_dir)
+        _check_backup_dir(self.backup_dir, self.output_dir)
 
     @property
     def copies(self) -> list[Destination]:
         "Where the run is copied as each checkpoint completes: the backup folder, then the bucket."
-        backup = check_backup_dir(self.backup_dir, self.output_dir)
+        backup = _check_backup_dir(self.backup_dir, self.output_dir)
         return [d for d in (backup and destination(backup), self.cloud) if d is not None]
 
-def check_backup_dir(backup: str | Path | None, output_dir: str | Path) -> Path | None:
+def _check_backup_dir(backup: str | Path | None, output_dir: str | Path) -> Path | None:
     "The backup folder as an absolute path, refused where it is, holds, or lies inside the output folder."
     if backup is None:
         return None
@@ -138,14 +138,9 @@ def saved_run(resume_from: str | Path | None, cloud: Destination | None = None, 
     root = fetch_run(destination(resume_from, like=cloud), say=say) if is_url(resume_from) else Path(resume_from)
     if not root.is_dir():
         raise TinyLMError(f"--resume-from {root} does not exist: pass the --output-dir of an earlier run")
-    try:
-        meta = run_meta(root)[2]
-    except TinyLMError as e:
-        if not str(e).startswith("no checkpoint in"):
-            raise  # a damaged run says so itself
-        raise TinyLMError(f"--resume-from {root} holds no checkpoint: train first, "
-                          "or leave --resume-from out") from None
-    return meta["config"], root
+    if not committed_steps(root):
+        raise TinyLMError(f"--resume-from {root} holds no checkpoint: train first, or leave --resume-from out")
+    return run_meta(root)[2]["config"], root  # a damaged run says so itself
 
 # %% ../nbs/08a_run.ipynb #9cfb90b7
 def check_continued_model(saved: dict, model_config: ModelConfig | Callable | None, where,
@@ -159,27 +154,21 @@ def check_continued_model(saved: dict, model_config: ModelConfig | Callable | No
 def continued_configs(saved: dict, model_config: ModelConfig | Callable | None, train_config: TrainConfig | None,
                       data_config: DataConfig | None, where=None) -> tuple:
     "`(model, train, data)` configs a run starts or continues with: those given, else the recorded ones (or defaults)."
-    if not saved:
-        return model_config, train_config or TrainConfig(), data_config or DataConfig()
     check_continued_model(saved, model_config, where)
-    train = train_config or TrainConfig.from_dict(saved["train"])
-    return model_config, train, data_config or DataConfig(**saved["data"])
+    train = train_config or (TrainConfig.from_dict(saved["train"]) if saved else TrainConfig())
+    return model_config, train, data_config or (DataConfig(**saved["data"]) if saved else DataConfig())
 
 # %% ../nbs/08a_run.ipynb #9425daa2
 SAMPLE_TOKENS = 500_000  # streaming: the prefix of the training split that gives the unigram baseline
 
-def private_tokens(source: TextSource, tokenizer: Tokenizer, workers: int) -> np.ndarray:
+def _private_tokens(source: TextSource, tokenizer: Tokenizer, workers: int) -> np.ndarray:
     "The training split's tokens built by this process in a temporary folder, removed before they are used."
-    folder = tempfile.mkdtemp(prefix="tiny_lm_cache_")
-    try:
+    with tempfile.TemporaryDirectory(prefix="tiny_lm_cache_", ignore_cleanup_errors=True) as folder:
         tokens = load_tokens(source, "train", tokenizer, folder, workers)
         return tokens if os.name == "posix" else np.array(tokens)  # a mapped file outlives its name on POSIX only
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 def shared_tokens(source: TextSource, tokenizer: Tokenizer, cache: Path, workers: int) -> tuple[np.ndarray, str]:
-    ("The training split's tokens, cached by process 0 in `cache`; the others map that file where the folder is "
-     "shared, else build their own; returns them and where they are.")
+    "The training split's tokens, cached by process 0 in `cache` (mapped by others that see it), and where they are."
     def build() -> dict:
         tokens = load_tokens(source, "train", tokenizer, cache, workers)
         return {"name": Path(tokens.filename).name, "bytes": tokens.nbytes}
@@ -188,7 +177,7 @@ def shared_tokens(source: TextSource, tokenizer: Tokenizer, cache: Path, workers
     if mine.name == made["name"] and mine.is_file() and mine.stat().st_size == made["bytes"]:
         tokens, where = load_tokens(source, "train", tokenizer, cache, workers), str(cache)
     else:  # this host does not see process 0's folder (or reads other data): its own copy, gone with the process
-        tokens, where = private_tokens(source, tokenizer, workers), "memory mapped from a removed temporary file"
+        tokens, where = _private_tokens(source, tokenizer, workers), "memory mapped from a removed temporary file"
     check_processes_agree(str(len(tokens)), "count of training tokens",
                           "give every host the same data (same files, same --dataset-id and settings)")
     return tokens, where
@@ -206,9 +195,9 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
     "Validation windows, then cached batches (the split tokenized once into `out/cache`) or a stream."
     B = train_cfg.batch_size * batch_devices() // jax.process_count()  # this process's rows of each global batch
     process = dict(process_index=jax.process_index(), process_count=jax.process_count())
-    val_B = B * process["process_count"]  # validation batches are whole on every process
-    val_tokens = first_tokens(source, "val", tokenizer, train_cfg.eval_batches * val_B * seq_len + 1)
-    val_batches = eval_windows(val_tokens, seq_len, val_B, train_cfg.eval_batches)
+    global_B = B * process["process_count"]  # validation batches are whole on every process
+    val_tokens = first_tokens(source, "val", tokenizer, train_cfg.eval_batches * global_B * seq_len + 1)
+    val_batches = eval_windows(val_tokens, seq_len, global_B, train_cfg.eval_batches)
     val_targets, vocab = np.concatenate(val_batches)[:, 1:].ravel(), tokenizer.get_vocab_size()
     streaming = source.streams_by_default if data_cfg.streaming is None else data_cfg.streaming
     if not streaming:
@@ -222,8 +211,7 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
                           f"{seq_len + 1}: use more data or a smaller --seq-len")
     batches = StreamingBatches(source, tokenizer, seq_len, B, train_cfg.seed, data_cfg.stride,
                                data_cfg.shuffle_buffer_size, data_cfg.workers, **process)
-    stride, global_B = data_cfg.stride or seq_len, B * process["process_count"]
-    per_epoch = source.size_bytes / bpt / stride / global_B if source.size_bytes else None
+    per_epoch = source.size_bytes / bpt / (data_cfg.stride or seq_len) / global_B if source.size_bytes else None
     return PreparedData(batches, val_batches, unigram_loss(sample, val_targets, vocab), per_epoch,
                         f"streaming: {data_cfg.workers} encoder threads, shuffle buffer "
                         f"{data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens; "
@@ -232,30 +220,24 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
 # %% ../nbs/08a_run.ipynb #8930ab1b
 def prepare_tokenizer(source: TextSource, tok_cfg: TokenizerConfig, out: Path, given: Path | None, retrain: bool,
                       expect_vocab_size: int | None, say=print) -> tuple[Tokenizer, str]:
-    ("Process 0 reuses, copies or trains the tokenizer, kept as out/tokenizer.json, and hands it to every process; "
-     "returns it and a line saying which.")
-    made = {}
+    "Process 0 copies `given` to out/tokenizer.json, or reuses or trains the one there; every process gets it, and how."
+    made, target = {}, out / "tokenizer.json"
     def make() -> dict:
-        made["tokenizer"], how = main_tokenizer(source, tok_cfg, out, given, retrain, expect_vocab_size, say)
-        return {"json": made["tokenizer"].to_str(), "how": how}
+        if given is not None:
+            tokenizer, how = load_tokenizer(given), f"using tokenizer {given}"
+            if given.resolve() != target.resolve():
+                shutil.copyfile(given, target)
+        else:
+            tokenizer, trained = get_tokenizer(target, lambda: source.documents("train"), tok_cfg, retrain=retrain,
+                                               expect_vocab_size=expect_vocab_size, on_choice=say)
+            how = f"{'trained' if trained else 'reusing'} tokenizer {target} ({tokenizer.get_vocab_size()} tokens)"
+        made["tokenizer"] = tokenizer
+        return {"json": tokenizer.to_str(), "how": how}
     reply = on_main_process(make)
     tokenizer = made["tokenizer"] if made else Tokenizer.from_str(reply["json"])
     fingerprint = tokenizer_fingerprint(tokenizer)
     check_processes_agree(fingerprint, "tokenizer", "install the same tokenizers version on every host")
     return tokenizer, reply["how"] if made else f"tokenizer {fingerprint} received from process 0"
-
-def main_tokenizer(source: TextSource, tok_cfg: TokenizerConfig, out: Path, given: Path | None, retrain: bool,
-                   expect_vocab_size: int | None, say=print) -> tuple[Tokenizer, str]:
-    "Copy `given` to out/tokenizer.json, or reuse or train the one there; returns it and a line saying which."
-    target = out / "tokenizer.json"
-    if given is not None:
-        tokenizer = load_tokenizer(given)
-        if given.resolve() != target.resolve():
-            shutil.copyfile(given, target)
-        return tokenizer, f"using tokenizer {given}"
-    tokenizer, trained = get_tokenizer(target, lambda: source.documents("train"), tok_cfg, retrain=retrain,
-                                       expect_vocab_size=expect_vocab_size, on_choice=say)
-    return tokenizer, f"{'trained' if trained else 'reusing'} tokenizer {target} ({tokenizer.get_vocab_size()} tokens)"
 
 # %% ../nbs/08a_run.ipynb #064a75aa
 def mesh_devices(per_device_batch: int) -> int:
@@ -305,22 +287,21 @@ def warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1
     say(f"warning: training needs about {need / 2**30:.1f} GiB per device but it has {have / 2**30:.1f} GiB: {fix}")
 
 # %% ../nbs/08a_run.ipynb #f87da997
-def load_base(model: nnx.Module, init: tuple | None, saved: dict, say=print,
+def _load_base(model: nnx.Module, init: tuple | None, saved: dict, say=print,
               run_dir: str | Path | None = None) -> dict | None:
     ("Copy the base run's weights into `model` for a new fine-tune or a resumed LoRA run; returns the base's "
      "reference (also relative to `run_dir`, the fine-tuned run's folder, so that a copy of both finds it).")
     if init is not None:
-        restore_weights(init[0] / f"{STEP_PREFIX}_{init[1]}", model)
-        ref = base_reference(init[0], init[1], base_fingerprint(init[2]), run_dir)
+        folder, step, fingerprint = init[0], init[1], base_fingerprint(init[2])
     elif saved.get("init_from") and model.cfg.lora_rank:  # a LoRA checkpoint holds no base weights
         folder, how = find_base(saved["init_from"], run_dir)  # checked by fingerprint, wherever the record points
-        step = saved["init_from"]["step"]
-        restore_weights(folder / f"{STEP_PREFIX}_{step}", model)
+        step, fingerprint = saved["init_from"]["step"], saved["init_from"].get("fingerprint")
         say(f"the LoRA adapters go on base run {folder} step {step} ({how})")
-        # recorded again from here: the run's next copy finds the base where this one did
-        ref = base_reference(folder, step, saved["init_from"].get("fingerprint"), run_dir)
     else:
         return saved.get("init_from")
+    restore_weights(folder / f"{STEP_PREFIX}_{step}", model)
+    # a resumed LoRA run records its base again where it was found: its next copy finds it there too
+    ref = base_reference(folder, step, fingerprint, run_dir)
     if model.cfg.lora_rank:
         n_adapter, n_all = count_params(model, nnx.LoRAParam), count_params(model)
         say(f"fine-tuning {ref['path']} step {ref['step']} with LoRA rank {model.cfg.lora_rank} "
@@ -330,7 +311,7 @@ def load_base(model: nnx.Module, init: tuple | None, saved: dict, say=print,
         say(f"fine-tuning all weights of {ref['path']} step {ref['step']} with a fresh optimizer and schedule")
     return ref
 
-def write_merged(model: nnx.Module, config: dict, tokenizer: Tokenizer, out: Path, step: int) -> str:
+def _write_merged(model: nnx.Module, config: dict, tokenizer: Tokenizer, out: Path, step: int) -> str:
     "Fold the adapters into the weights and save the standalone model as `out/merged` (a run folder of its own)."
     merged, folder = merge_lora(model), out / "merged"
     shutil.rmtree(folder, ignore_errors=True)  # this run's own derived output, rewritten at each finish
@@ -347,14 +328,12 @@ def write_merged(model: nnx.Module, config: dict, tokenizer: Tokenizer, out: Pat
 
 def recorded_model(saved: dict, init: tuple | None) -> ModelConfig | None:
     "The model configuration a resumed run (`saved`) or a fine-tuned base run (`init`) recorded; None for a new model."
-    if saved:
-        return ModelConfig.from_dict(saved["model"])
-    return ModelConfig.from_dict(init[2]["config"]["model"]) if init else None
+    recorded = saved.get("model") or (init[2]["config"]["model"] if init else None)
+    return ModelConfig.from_dict(recorded) if recorded else None
 
 # %% ../nbs/08a_run.ipynb #da74ee88
-def carry_metrics(src: Path, dst: Path, step: int) -> None:
-    ("A resumed run's metrics.jsonl (`dst`): the history in `src` up to `step`, the step it resumed from (steps logged "
-     "after that step's save run again, and are logged once).")
+def _carry_metrics(src: Path, dst: Path, step: int) -> None:
+    "A resumed run's metrics.jsonl `dst`: `src`'s lines up to `step` (steps after that save run again: logged once)."
     if not src.exists():
         return
     def upto(line: str) -> bool:
@@ -366,7 +345,7 @@ def carry_metrics(src: Path, dst: Path, step: int) -> None:
     kept.write_text("".join(line + "\n" for line in src.read_text().splitlines() if upto(line)))
     kept.replace(dst)
 
-def close_copies(mirrors: list[Mirror], say=print, timeout: float | None = None) -> list[dict]:
+def _close_copies(mirrors: list[Mirror], say=print, timeout: float | None = None) -> list[dict]:
     "Wait for the copies in flight (at most `timeout` seconds), say where the run was copied, and return their records."
     records = [m.close(timeout) for m in mirrors]
     for r in records:
@@ -389,7 +368,6 @@ class RunState:
     run_id: str  # kept by every resume: a copy in a bucket is recognised as this run's own
     init: tuple | None  # (folder, step, meta) of the run --init-from names
     source: TextSource
-    info: dict  # the devices, as device_info() describes them
     tokenizer: Tokenizer | None = None
     bpt: float | None = None  # bytes per token on validation text
     model_cfg: ModelConfig | None = None
@@ -400,7 +378,6 @@ class RunState:
     model: nnx.Module | None = None
     optimizer: nnx.Optimizer | None = None
     config: dict | None = None  # what every checkpoint records of the run
-    init_ref: dict | None = None  # the base run's {path, step} of a fine-tune
     start: int = 0  # the step training starts from
     ckpt: Checkpointer | None = None
 
@@ -429,7 +406,7 @@ class Trainer:
             model_config = model_config or self.profile.model_config
             train_config = train_config or self.profile.train_config()
         self.given = (model_config, train_config, data_config)  # None: the recorded one, for a run that continues
-        self.model_config, self.train_config, self.data_config = continued_configs({}, *self.given)  # open_run: resumed
+        self.model_config, self.train_config, self.data_config = continued_configs({}, *self.given)  # resumed later
         self.tokenizer_config = tokenizer_config or TokenizerConfig()
         asked = tokenizer_config is not None and not tokenizer_config.auto_vocab_size
         self.expect_vocab_size = tokenizer_config.vocab_size if asked else None
@@ -439,25 +416,25 @@ class Trainer:
 
     def fit(self) -> dict:
         "Train; returns the training summary (also written to output_dir/training_summary.json by process 0)."
-        state = open_run(self)
-        prepare_data_and_tokenizer(self, state)
-        build_model(self, state)
-        restore_run(self, state)
-        schedule_run(self, state)
+        state = _open_run(self)
+        _prepare_data_and_tokenizer(self, state)
+        _build_model(self, state)
+        _restore_run(self, state)
+        _schedule_run(self, state)
         if state.start >= state.total_steps:
-            return already_done(self, state)
-        open_checkpoints(self, state)
-        describe_run(self, state)
-        result = train(self, state)
-        summary = summarize(self, state, result)
-        publish_run(self, state, summary)
-        report(self, state, summary)
+            return _already_done(self, state)
+        _open_checkpoints(self, state)
+        _describe_run(self, state)
+        result = _train(self, state)
+        summary = _summarize(self, state, result)
+        _publish_run(self, state, summary)
+        _report(self, state, summary)
         self.model, self.optimizer, self.tokenizer = state.model, state.optimizer, state.tokenizer
         self.summary = summary
         return summary
 
 # %% ../nbs/08a_run.ipynb #c5e1800b
-def open_run(t: Trainer) -> RunState:
+def _open_run(t: Trainer) -> RunState:
     "Read what the run continues or starts from, check its copies and its data: nothing is written before this passes."
     started = time.perf_counter()
     use_compile_cache(t.run.compile_cache)  # before anything compiles
@@ -469,41 +446,39 @@ def open_run(t: Trainer) -> RunState:
             check_destination(dest, run_id)
     init = run_meta(Path(t.run.init_from)) if t.run.init_from is not None else None
     source = open_source(t.data_config)  # validates the dataset before anything is written
-    info = device_info()
-    t.say(device_banner(info))
+    t.say(device_banner())
     if t.profile is not None:
         t.say(t.profile.describe())
-    return RunState(started, saved, resume_from, run_id, init, source, info)
+    return RunState(started, saved, resume_from, run_id, init, source)
 
 # %% ../nbs/08a_run.ipynb #fe7d95f9
-def prepare_data_and_tokenizer(t: Trainer, s: RunState) -> None:
+def _prepare_data_and_tokenizer(t: Trainer, s: RunState) -> None:
     "The tokenizer (given, reused or trained), the model for its vocabulary, the batch, the data and the run's length."
-    out = t.output_dir
-    out.mkdir(parents=True, exist_ok=True)
+    t.output_dir.mkdir(parents=True, exist_ok=True)
     given = t.run.tokenizer_path or (s.resume_from / "tokenizer.json" if s.resume_from else
                                      s.init[0] / "tokenizer.json" if s.init else None)
-    s.tokenizer, how = prepare_tokenizer(s.source, t.tokenizer_config, out, Path(given) if given else None,
+    s.tokenizer, how = prepare_tokenizer(s.source, t.tokenizer_config, t.output_dir, Path(given) if given else None,
                                          t.run.retrain_tokenizer, t.expect_vocab_size, t.say)
     t.say(how)
     s.bpt = bytes_per_token(s.tokenizer, islice(s.source.documents("val"), 500))
     t.say(f"tokenizer: {s.bpt:.2f} bytes per token on validation text; documents separated by "
           f"{document_separator(s.tokenizer)[1]}")
-    s.model_cfg = model_config_for(t.model_config, s.tokenizer.get_vocab_size(), s.saved, s.init)
-    s.train_cfg = resumed_batch(t.train_config, s.saved, t.say)
-    s.data = prepare_data(s.source, s.tokenizer, t.data_config, s.model_cfg.seq_len, s.train_cfg, out, s.bpt)
+    s.model_cfg = _model_config_for(t.model_config, s.tokenizer.get_vocab_size(), s.saved, s.init)
+    s.train_cfg = _resumed_batch(t.train_config, s.saved, t.say)
+    s.data = prepare_data(s.source, s.tokenizer, t.data_config, s.model_cfg.seq_len, s.train_cfg, t.output_dir, s.bpt)
     if s.data.per_epoch is None and s.train_cfg.epochs is not None:
         raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
     accum = s.train_cfg.gradient_accumulation_steps
     s.total_steps = s.train_cfg.total_steps(s.data.per_epoch / accum if s.data.per_epoch else math.inf)
 
-def model_config_for(cfg: ModelConfig | Callable | None, vocab_size: int, saved: dict,
+def _model_config_for(cfg: ModelConfig | Callable | None, vocab_size: int, saved: dict,
                      init: tuple | None) -> ModelConfig:
     "The model a run builds for the tokenizer's `vocab_size`: given, or the recorded one, or the tiny preset."
     if cfg is None:
         cfg = recorded_model(saved, init) or replace(preset_config("tiny", vocab_size), dtype=default_precision())
     return replace(cfg(vocab_size) if callable(cfg) else cfg, vocab_size=vocab_size)
 
-def resumed_batch(train_cfg: TrainConfig, saved: dict, say=print) -> TrainConfig:
+def _resumed_batch(train_cfg: TrainConfig, saved: dict, say=print) -> TrainConfig:
     "A resumed run keeps its global batch on any number of devices: the per-device batch is what makes it so."
     n = batch_devices()
     if not saved.get("global_batch_size") or saved["global_batch_size"] == train_cfg.batch_size * n:
@@ -514,7 +489,7 @@ def resumed_batch(train_cfg: TrainConfig, saved: dict, say=print) -> TrainConfig
     return replace(train_cfg, batch_size=per_device)
 
 # %% ../nbs/08a_run.ipynb #8320f517
-def build_model(t: Trainer, s: RunState) -> None:
+def _build_model(t: Trainer, s: RunState) -> None:
     "The mesh, the model and optimizer on it (with a base run's weights for a fine-tune), and the run's record."
     s.mesh = run_mesh(t.run.mesh, s.model_cfg, s.train_cfg.batch_size)
     warn_if_too_big(s.model_cfg, s.train_cfg.batch_size, s.mesh.shape["fsdp"], t.say)
@@ -522,11 +497,11 @@ def build_model(t: Trainer, s: RunState) -> None:
     s.config = {"model": s.model_cfg.to_dict(), "data": asdict(t.data_config), "train": s.train_cfg.to_dict(),
                 "mesh": dict(s.mesh.shape), "global_batch_size": s.train_cfg.batch_size * batch_devices(),
                 "run_id": s.run_id}
-    s.init_ref = load_base(s.model, s.init, s.saved, t.say, run_dir=t.output_dir)
-    if s.init_ref:
-        s.config["init_from"] = s.init_ref
+    base = _load_base(s.model, s.init, s.saved, t.say, run_dir=t.output_dir)
+    if base:
+        s.config["init_from"] = base  # the base run's {path, step} of a fine-tune
 
-def restore_run(t: Trainer, s: RunState) -> None:
+def _restore_run(t: Trainer, s: RunState) -> None:
     "A resumed run: the newest readable step's weights, optimizer and data state (damaged newer steps set aside)."
     if s.resume_from is None:
         if is_main_process():
@@ -545,7 +520,7 @@ def restore_run(t: Trainer, s: RunState) -> None:
               f"(now {', '.join(p.name for p in moved)})")
     t.say(f"resumed {s.resume_from} at step {s.start} of {s.total_steps}")
 
-def already_done(t: Trainer, s: RunState) -> dict:
+def _already_done(t: Trainer, s: RunState) -> dict:
     "A resumed run that has trained all its steps: say so and return its summary."
     t.say(f"the run is complete (step {s.start} of {s.total_steps}): raise --max-steps or --epochs to train further, "
           "or pass --overwrite to start afresh")
@@ -555,7 +530,7 @@ def already_done(t: Trainer, s: RunState) -> dict:
     return json.loads(done.read_text()) if done.exists() else {"total_steps": s.start}
 
 # %% ../nbs/08a_run.ipynb #09ee61c4
-def saved_schedule(saved: dict, total_steps: int) -> dict:
+def _saved_schedule(saved: dict, total_steps: int) -> dict:
     "The schedule a resumed run trained with: recorded, or rebuilt from the settings of a run saved before runs did."
     if "schedule" in saved:
         return saved["schedule"]
@@ -563,18 +538,18 @@ def saved_schedule(saved: dict, total_steps: int) -> dict:
     length = train.max_steps if train.epochs is None else total_steps  # an epochs run's length was not recorded
     return legacy_schedule(train, length)
 
-def schedule_run(t: Trainer, s: RunState) -> None:
+def _schedule_run(t: Trainer, s: RunState) -> None:
     ("The run's learning rates: a new run's schedule, or a resumed run's continued from its step "
      "(04_train's `continue_schedule`: the same length resumes exactly, another never jumps); recorded with the run.")
     if s.resume_from is None:
         s.config["schedule"] = new_schedule(s.train_cfg, s.total_steps)  # what init_model gave the optimizer
         return
-    s.config["schedule"] = continue_schedule(saved_schedule(s.saved, s.total_steps), s.train_cfg, s.start,
+    s.config["schedule"] = continue_schedule(_saved_schedule(s.saved, s.total_steps), s.train_cfg, s.start,
                                              s.total_steps)
     set_schedule(s.optimizer, s.train_cfg, s.config["schedule"])
 
 # %% ../nbs/08a_run.ipynb #9ca6b251
-def open_checkpoints(t: Trainer, s: RunState) -> None:
+def _open_checkpoints(t: Trainer, s: RunState) -> None:
     "The run's checkpointer and its copies, model_config.json, and the metrics file (a new run's starts afresh)."
     out = t.output_dir
     s.ckpt = Checkpointer(out, meta={"config": s.config, "tokenizer_fingerprint": tokenizer_fingerprint(s.tokenizer)},
@@ -591,9 +566,9 @@ def open_checkpoints(t: Trainer, s: RunState) -> None:
     if s.start == 0:
         metrics.unlink(missing_ok=True)  # a new run's metrics start afresh
     else:  # a resumed run appends after its step: a crash may have logged steps past the last save (run again now)
-        carry_metrics(metrics if metrics.exists() else s.resume_from / "metrics.jsonl", metrics, s.start)
+        _carry_metrics(metrics if metrics.exists() else s.resume_from / "metrics.jsonl", metrics, s.start)
 
-def describe_run(t: Trainer, s: RunState) -> None:
+def _describe_run(t: Trainer, s: RunState) -> None:
     "Three lines before the first step: the model and data, the mesh and effective batch, the compute."
     n, accum, cfg = batch_devices(), s.train_cfg.gradient_accumulation_steps, s.model_cfg
     global_batch = s.config["global_batch_size"]
@@ -611,7 +586,7 @@ def describe_run(t: Trainer, s: RunState) -> None:
     t.say(f"compute: {cfg.dtype} (parameters {cfg.param_dtype}) | {describe_attention(cfg)}")
 
 # %% ../nbs/08a_run.ipynb #af687898
-def train(t: Trainer, s: RunState):
+def _train(t: Trainer, s: RunState):
     "The loop (04_train's `fit`) from the start step; a stop by signal or error still finishes the copies in flight."
     main, out = is_main_process(), t.output_dir
     try:
@@ -619,17 +594,17 @@ def train(t: Trainer, s: RunState):
             return fit(s.model, s.optimizer, s.data.batches, s.train_cfg, s.total_steps, val_batches=s.data.val_batches,
                        start_step=s.start, put=batch_put(s.mesh), val_put=global_put(s.mesh), checkpoint=s.ckpt,
                        progress=t.run.progress and main, log=t.say, output_dir=out if main else None,
-                       peak=peak_flops(s.model_cfg.dtype), on_eval=eval_sampler(t, s.tokenizer),
+                       peak=peak_flops(s.model_cfg.dtype), on_eval=_eval_sampler(t, s.tokenizer),
                        schedule=s.config["schedule"])
         finally:
             s.ckpt.wait()
             if isinstance(s.data.batches, StreamingBatches):
                 s.data.batches.close()
     except BaseException:  # stopped (a signal, an error): finish the copy of the last saved step, for at most 20 s
-        close_copies(s.ckpt.copies, t.say, timeout=20)
+        _close_copies(s.ckpt.copies, t.say, timeout=20)
         raise
 
-def eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
+def _eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
     "What `fit` calls after each evaluation: print a short sample of the model as it is (None: no samples)."
     if not t.eval_sample_tokens or t.run.sample_prompt is None:
         return None
@@ -640,7 +615,7 @@ def eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
     return sample
 
 # %% ../nbs/08a_run.ipynb #4fb3b7b9
-def summarize(t: Trainer, s: RunState, run) -> dict:
+def _summarize(t: Trainer, s: RunState, run) -> dict:
     "The training summary: the usual run-summary fields, validation and speed figures, and where everything is."
     evals = run.evals or [{"val_loss": None, "step": None}]
     best = min((e for e in evals if e["val_loss"] is not None), key=lambda e: e["val_loss"], default=evals[-1])
@@ -659,22 +634,22 @@ def summarize(t: Trainer, s: RunState, run) -> dict:
         "eval_seconds": run.eval_seconds, "model_params": count_params(s.model), "output_dir": str(t.output_dir),
         "compute_optimal_tokens": TOKENS_PER_PARAM * param_count(replace(s.model_cfg, lora_rank=0)),
         "checkpoints": [f"{STEP_PREFIX}_{step}" for step in s.ckpt.steps()],
-        "device_info": s.info,
+        "device_info": device_info(),
     }
     val_rows = sum(len(b) for b in s.data.val_batches)  # bits per byte of the validation text, as `tiny-lm eval` scores
     scored = evaluate_text(s.model, s.tokenizer, s.source.documents("val"), s.source.separator,
                            max_tokens=val_rows * s.model_cfg.seq_len, batch_size=len(s.data.val_batches[0]),
                            put=global_put(s.mesh))
     summary["final_val_bpb"] = scored["bits_per_byte"]
-    summary |= {"trainable_params": count_params(s.model, s.optimizer.wrt), "init_from": s.init_ref,
+    summary |= {"trainable_params": count_params(s.model, s.optimizer.wrt), "init_from": s.config.get("init_from"),
                 "mesh": dict(s.mesh.shape), "effective_batch_size": s.config["global_batch_size"] * accum,
                 "profile": asdict(t.profile) if t.profile else None}
     if t.run.merge_lora:
-        summary["merged_model"] = write_merged(s.model, s.config, s.tokenizer, t.output_dir, s.total_steps)
+        summary["merged_model"] = _write_merged(s.model, s.config, s.tokenizer, t.output_dir, s.total_steps)
     return summary
 
 # %% ../nbs/08a_run.ipynb #15a402ca
-def publish_run(t: Trainer, s: RunState, summary: dict) -> None:
+def _publish_run(t: Trainer, s: RunState, summary: dict) -> None:
     "best_checkpoint/ and final_checkpoint/ (the seed layout), their copies, and training_summary.json."
     best = best_step(s.ckpt)  # every process: reading a step through Orbax is a collective on many hosts
     if is_main_process():
@@ -685,13 +660,13 @@ def publish_run(t: Trainer, s: RunState, summary: dict) -> None:
             mirror.submit("final_checkpoint")
             if best is not None:
                 mirror.submit("best_checkpoint")
-        summary["copies"] = close_copies(s.ckpt.copies, t.say)
+        summary["copies"] = _close_copies(s.ckpt.copies, t.say)
         (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
         for mirror in s.ckpt.copies:
             mirror.copy_run_files()  # the summary too
     s.ckpt.close()
 
-def report(t: Trainer, s: RunState, summary: dict) -> None:
+def _report(t: Trainer, s: RunState, summary: dict) -> None:
     "The last lines: how good and how fast, the compute-optimal token budget, and a sample."
     mfu = f"MFU {summary['mfu']:.1%}, " if summary["mfu"] is not None else ""
     t.say(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {s.data.baseline:.4f}), "

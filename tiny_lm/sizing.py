@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 
-from .model import ModelConfig
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
+from .model import REMAT, ModelConfig
 
 # %% auto #0
-__all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'TOKENS_PER_PARAM', 'param_breakdown', 'param_count',
-           'preset_config', 'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes', 'fitting_batch',
-           'size_report']
+__all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'TOKENS_PER_PARAM', 'PEAK_FLOPS', 'param_breakdown',
+           'param_count', 'preset_config', 'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes',
+           'fitting_batch', 'size_report', 'cpu_peak_flops', 'peak_flops']
 
 # %% ../nbs/02_sizing.ipynb #04e5eef8
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
@@ -138,27 +138,33 @@ def target_config(
 def train_memory_bytes(
     cfg: ModelConfig,
     batch_size: int,  # sequences per micro-batch on one device
-    remat: bool = False,  # recompute each block's activations in the backward pass
+    remat: str = "none",  # what the backward pass recomputes (TrainConfig.remat): none, block or dots
     kernel: str = "xla",  # the attention kernel: 'xla' stores the scores; flash kernels ('cudnn', 'splash') never do
 ) -> dict[str, int]:
     "Estimated peak bytes of one training step on one device, by part, and their `total`."
+    if remat not in REMAT:
+        raise TinyLMError(f"remat {remat!r} is unknown: choose one of {', '.join(REMAT)}")
     P, D, F, H, T, L, V = param_count(cfg), cfg.d_model, cfg.d_ff, cfg.n_head, cfg.seq_len, cfg.n_layer, cfg.vocab_size
     low = cfg.dtype in ("bfloat16", "float16")
     act_bytes = 2 if low else 4
     scores = 4 * 3 * H * T if kernel == "xla" else 4 * H  # fp32 scores, or a flash kernel's softmax statistics
     per_block = act_bytes * (9 * D + 4 * F) + scores  # bytes per token
-    saved = L * act_bytes * D + per_block if remat else L * per_block
+    logits = 4 * 3 * V
+    matmul_outputs = 3 * D + 2 * (cfg.n_kv_head or H) * cfg.head_dim + (2 if cfg.use_swiglu else 1) * F
+    kept = {"none": L * per_block + logits,  # every block's activations, and the logits on top
+            "block": L * act_bytes * D + max(per_block, logits),  # the inputs, and one block or the logits at a time
+            "dots": L * act_bytes * (D + matmul_outputs) + max(per_block, logits)}[remat]
     trained = param_breakdown(cfg)["lora"] if cfg.lora_rank else P  # LoRA: gradients and moments for the adapters only
     parts = {"parameters": 4 * P + (2 * P if low else 0), "gradients": 4 * trained, "optimizer": 8 * trained,
-             "activations": batch_size * T * (saved + 4 * 3 * V)}
+             "activations": batch_size * T * kept}
     return {**parts, "total": sum(parts.values())}
 
-def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int,
-                  headroom: float = 0.9, kernel: str = "xla") -> tuple[int, int] | None:
+def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int, headroom: float = 0.9,
+                  kernel: str = "xla", remat: str = "none") -> tuple[int, int] | None:
     """The largest micro-batch (a divisor of `batch_size`) whose step fits in `headroom × memory_bytes`,
     and the accumulation steps that keep the batch; None if not even 1 fits."""
     for micro in sorted((b for b in range(1, batch_size + 1) if batch_size % b == 0), reverse=True):
-        if train_memory_bytes(cfg, micro, kernel=kernel)["total"] <= headroom * memory_bytes:
+        if train_memory_bytes(cfg, micro, remat, kernel)["total"] <= headroom * memory_bytes:
             return micro, batch_size // micro
     return None
 
@@ -186,3 +192,67 @@ def size_report(
         # (micro-batch, accumulation steps)
         report["fitting_batch"] = fitting_batch(cfg, batch_size, device_memory, kernel=kernel)
     return report
+
+# %% ../nbs/02_sizing.ipynb #3a9c7211
+import json, os, platform, time  # the CPU measurement and its cache
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax, jax.numpy as jnp
+
+# device kind substring: dense FLOP/s per chip (bf16/fp16, fp32 as XLA runs it)
+PEAK_FLOPS: dict[str, tuple[float, float]] = {
+    "TPU v2": (45e12, 45e12), "TPU v3": (123e12, 123e12), "TPU v4": (275e12, 275e12),
+    "TPU v5 lite": (197e12, 197e12), "TPU v5e": (197e12, 197e12), "TPU v5": (459e12, 459e12),
+    "TPU v6 lite": (918e12, 918e12), "TPU v6e": (918e12, 918e12), "TPU7x": (2307e12, 2307e12),
+    "B200": (2250e12, 1100e12), "H200": (989e12, 494e12), "H100 PCIe": (756e12, 378e12), "H100": (989e12, 494e12),
+    "A100": (312e12, 156e12), "A10G": (70e12, 35e12), "L40S": (362e12, 183e12), "L4": (121e12, 60e12),
+    "V100": (125e12, 15.7e12), "T4": (65e12, 8.1e12),
+}
+
+def _cpu_name() -> str:
+    try:
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else platform.processor() or platform.machine()} × {os.cpu_count()} cores"
+
+def cpu_peak_flops(cache: Path | None = None) -> float:
+    "The best fp32 matmul FLOP/s JAX reaches on this machine's CPU, measured once (under a second) and cached per CPU."
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / "cpu_peak_flops.json"
+    key = f"{_cpu_name()} | jax {jax.__version__} | best of many"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        cpu = jax.devices("cpu")[0]
+        best = 0.0
+        for n in (256, 512, 768):
+            a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
+            matmul = jax.jit(lambda a: a @ a)
+            matmul(a).block_until_ready()
+            # ~0.2 s per size: a few calls leave the threads asleep and halve the figure
+            for _ in range(max(20, int(4e10 / (2 * n**3)))):
+                started = time.perf_counter()
+                matmul(a).block_until_ready()
+                best = max(best, 2 * n**3 / (time.perf_counter() - started))
+        known[key] = best
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(known, indent=1))
+        except OSError:
+            pass  # a read-only home: measure again next time
+    return known[key]
+
+def peak_flops(dtype: str = "float32", devices: Sequence | None = None) -> float | None:
+    ("Peak FLOP/s of `devices` (default: all) computing in `dtype`: the table × the device count, "
+     "the measured CPU peak, or None if unknown.")
+    devices = devices or jax.devices()
+    if devices[0].platform == "cpu":
+        return cpu_peak_flops()
+    kind = devices[0].device_kind.lower()
+    for name, (low, full) in PEAK_FLOPS.items():
+        if name.lower() in kind:
+            return (low if dtype in ("bfloat16", "float16") else full) * len(devices)
+    return None

@@ -14,14 +14,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-# %% auto #0
-__all__ = ['EOT', 'VOCAB_MARGIN', 'END_OF_TEXT_TOKENS', 'TinyLMError', 'TokenizerConfig', 'train_tokenizer', 'bytes_per_token',
-           'VocabChoice', 'choose_vocab_size', 'tokenizer_fingerprint', 'load_tokenizer', 'document_separator',
-           'get_tokenizer']
+from .errors import TinyLMError
 
-# %% ../nbs/00_tokenizer.ipynb #ce29de5c
-class TinyLMError(Exception):
-    "A mistake in the user's input: the message says what was wrong and how to fix it."
+# %% auto #0
+__all__ = ['EOT', 'VOCAB_MARGIN', 'END_OF_TEXT_TOKENS', 'TokenizerConfig', 'train_tokenizer', 'bytes_per_token', 'VocabChoice',
+           'choose_vocab_size', 'tokenizer_fingerprint', 'load_tokenizer', 'document_separator', 'get_tokenizer']
 
 # %% ../nbs/00_tokenizer.ipynb #85698580
 EOT = "<|endoftext|>"  # separates documents in the token stream
@@ -177,10 +174,8 @@ def get_tokenizer(
     texts,  # a function returning an iterable of training documents, called only when training
     cfg: TokenizerConfig = TokenizerConfig(),
     retrain: bool = False,  # train a new tokenizer even if `path` exists
-    # an explicitly requested size, checked against a reused tokenizer (None with auto)
-    expect_vocab_size: int | None = None,
-    # receives the automatic choice when `cfg.auto_vocab_size` trains
-    on_choice: Callable[[VocabChoice], None] | None = None,
+    expect_vocab_size: int | None = None,  # the size asked for (None with auto): a reused tokenizer must have it
+    on_choice: Callable[[VocabChoice], None] | None = None,  # receives the choice when `cfg.auto_vocab_size` trains
 ) -> tuple[Tokenizer, bool]:
     "Reuse the tokenizer at `path` or train and save a new one; returns `(tokenizer, trained)`."
     path = Path(path)

@@ -5,18 +5,16 @@
 # %% ../nbs/04_train.ipynb #90e2d7fb
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-import platform
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from contextlib import contextmanager, suppress
-from functools import cache, partial
+from contextlib import contextmanager, nullcontext, suppress
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -24,22 +22,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.flatten_util import ravel_pytree
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
+from .cpu import compiler_options, one_all_reduce
 from .data import step_batches
-from .model import ModelConfig, Transformer, mesh_of, on_mesh
-from .sizing import flops_per_token
-from .tokenizer import TinyLMError
+from .errors import TinyLMError
+from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
+from .show import LivePlot, in_notebook, plot_losses
+from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
-__all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'PEAK_FLOPS', 'TrainConfig', 'warmup_for',
-           'new_schedule', 'legacy_schedule', 'schedule_fn', 'lr_schedule', 'continue_schedule', 'decay_mask',
-           'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn', 'chunked_cross_entropy',
-           'compiler_options', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache',
-           'make_eval_step', 'evaluate', 'cpu_peak_flops', 'peak_flops', 'TrainLog', 'Interrupted', 'stop_signals',
-           'fit']
+__all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig', 'warmup_for',
+           'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule', 'decay_mask', 'make_optimizer',
+           'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn', 'chunked_cross_entropy', 'dropout_key',
+           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog',
+           'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -67,14 +64,11 @@ class TrainConfig:
     max_skipped_steps: int = 5  # non-finite gradients in a row (updates skipped) that stop the run
     # optimizer steps per compiled call (one scan): logging, evaluation, saves and signals land on its boundaries
     steps_per_call: int = 1
+    # what the backward pass recomputes instead of keeping (01_model's REMAT): none, block, or dots (keeps matmuls)
+    remat: str = "none"
 
     def __post_init__(self):
         _check_train_config(self)
-
-    @property
-    def sequences_per_step(self) -> int:
-        "Sequences one device consumes per optimizer step (× devices for the whole step)."
-        return self.batch_size * self.gradient_accumulation_steps
 
     def total_steps(self, steps_per_epoch: float) -> int:
         "Optimizer steps in the run, given how many steps one epoch takes."
@@ -109,6 +103,8 @@ def _check_train_config(cfg: TrainConfig) -> None:
     if cfg.save_every_minutes < 0:
         raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), "
                           f"got {cfg.save_every_minutes}")
+    if cfg.remat not in REMAT:
+        raise TinyLMError(f"--remat {cfg.remat!r} is unknown: choose one of {', '.join(REMAT)}")
     if cfg.learning_rate <= 0:
         raise TinyLMError(f"--learning-rate must be positive, got {cfg.learning_rate}")
 
@@ -135,27 +131,18 @@ def legacy_schedule(cfg: TrainConfig, total_steps: int) -> dict:
 def _segment_rates(seg: dict) -> optax.Schedule:
     "One segment, counted from its start: linear from `start_lr` to `peak_lr`, then a cosine to `end_lr`."
     decay_steps = max(seg["total_steps"] - 1 - seg["start"] - seg["warmup_steps"], 1)  # to the last update
-    decay = optax.cosine_decay_schedule(seg["peak_lr"], decay_steps, alpha=seg["end_lr"] / seg["peak_lr"])
-    if seg["warmup_steps"] == 0:
-        return decay
-    rise = optax.linear_schedule(seg["start_lr"], seg["peak_lr"], seg["warmup_steps"])
-    return optax.join_schedules([rise, decay], [seg["warmup_steps"]])
+    return optax.warmup_cosine_decay_schedule(seg["start_lr"], seg["peak_lr"], seg["warmup_steps"],
+                                              seg["warmup_steps"] + decay_steps, seg["end_lr"])
 
 def schedule_fn(schedule: dict) -> optax.Schedule:
     "The learning rate of each update (optax's count: 0 is the first) under `schedule`: its segments joined."
     segments = schedule["segments"]
     return optax.join_schedules([_segment_rates(s) for s in segments], [s["start"] for s in segments[1:]])
 
-def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
-    "The learning rates of a new run of `total_steps` (`new_schedule`)."
-    return schedule_fn(new_schedule(cfg, total_steps))
-
 # %% ../nbs/04_train.ipynb #621f563a
 def continue_schedule(saved: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
     ("The schedule of a run resumed at step `start` for `total_steps`: the saved one if its length and rates are "
-     "unchanged (an exact resume); else a new segment from `start` that re-warms from the rate in force there at the "
-     "saved warm-up's slope, for at most a tenth of the new steps (to `learning_rate`, or less on a short "
-     "continuation), then decays along a cosine to the end rate at `total_steps`.")
+     "unchanged (an exact resume); else the saved one to `start`, then a segment that re-warms and decays to the end.")
     peak, end = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
     if (saved["total_steps"], saved["peak_lr"], saved["end_lr"]) == (total_steps, peak, end):
         return saved
@@ -173,12 +160,13 @@ def continue_schedule(saved: dict, cfg: TrainConfig, start: int, total_steps: in
 def decay_mask(params) -> object:
     "True for the arrays weight decay applies to: matrices that are not embeddings (by path)."
     def decays(path, p) -> bool:
-        return p.ndim >= 2 and "embedding" not in jax.tree_util.keystr(path)
+        name = jax.tree_util.keystr(path)
+        layer_ndim = p.ndim - ("['blocks']" in name)  # the stacked blocks' arrays have a leading layer axis
+        return layer_ndim >= 2 and "embedding" not in name
     return jax.tree_util.tree_map_with_path(decays, params)
 
 def make_optimizer(cfg: TrainConfig, total_steps: int, schedule: dict | None = None) -> optax.GradientTransformation:
-    ("Global-norm clipping then AdamW at the rates of `schedule` (default: a new run's of `total_steps`), decay on "
-     "`decay_mask`, all skipped on non-finite gradients.")
+    "Clipping, then AdamW at the rates of `schedule` (default: a new run's), decay on `decay_mask`: `clip_or_skip`."
     rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
     adamw = optax.adamw(rates, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay,
                         mask=decay_mask)
@@ -215,21 +203,20 @@ def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
     return model, nnx.Optimizer(model, make_optimizer(train_cfg, total_steps, schedule), wrt=wrt)
 
 def set_schedule(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict) -> None:
-    ("Give `optimizer` the rates of `schedule` (a resumed run's, known once its step is restored): the state's layout "
-     "does not depend on the schedule, so a restored state stays valid.")
+    "Give `optimizer` the rates of `schedule` (a resumed run's): the state does not depend on them, so it stays valid."
     optimizer.tx = make_optimizer(cfg, schedule["total_steps"], schedule)
 
 def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None,
-            chunked: bool | None = None) -> jax.Array:
+            chunked: bool | None = None, remat: str = "none") -> jax.Array:
     """Mean next-token cross-entropy (nats) of a batch of `seq_len + 1` windows (dropout on when given a key);
     `chunked` (default: vocabularies of CHUNKED_LOSS_VOCAB tokens or more) never holds all the fp32 logits at once."""
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
     if chunked is None:
         chunked = model.cfg.vocab_size >= CHUNKED_LOSS_VOCAB
     if chunked:
-        return chunked_cross_entropy(model.logits, model.features(inputs_BT, dropout_key), targets_BT,
+        return chunked_cross_entropy(model.logits, model.features(inputs_BT, dropout_key, remat), targets_BT,
                                      model.cfg.vocab_size)
-    logits_BTV = model(inputs_BT, dropout_key=dropout_key)
+    logits_BTV = model(inputs_BT, dropout_key, remat)
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
 
 # %% ../nbs/04_train.ipynb #b3435e67
@@ -257,11 +244,12 @@ def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: ja
     return total / (B * T)
 
 # %% ../nbs/04_train.ipynb #747c79a7
-def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param,
-           dropout_key: jax.Array | None = None):
+def _grads(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None, *, accum_steps: int = 1,
+           wrt=nnx.Param, remat: str = "none"):
     "Mean loss and gradients (of the `wrt` parameters) over `accum_steps` micro-batches of `batch_BT`."
     graphdef, params, rest = nnx.split(model, wrt, ...)
-    grad_fn = jax.value_and_grad(lambda params, b, key: loss_fn(nnx.merge(graphdef, params, rest), b, key))
+    loss_of = lambda params, b, key: loss_fn(nnx.merge(graphdef, params, rest), b, key, remat=remat)
+    grad_fn = jax.value_and_grad(loss_of)
     if accum_steps == 1:
         return grad_fn(params, batch_BT, dropout_key)
     micro_ABT = batch_BT.reshape(-1, accum_steps, batch_BT.shape[-1]).swapaxes(0, 1)  # row r goes to micro-batch r % A
@@ -273,47 +261,6 @@ def _grads(model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Pa
     (loss, grads), _ = jax.lax.scan(body, zeros, (micro_ABT, jnp.arange(accum_steps)))
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
-# %% ../nbs/04_train.ipynb #b503ffe8
-def _replicated_mesh(state) -> Mesh | None:
-    ("The mesh of several devices that holds every array of `state` whole on each device "
-     "(None: one device, or a sharded array).")
-    shardings = {x.sharding for x in jax.tree.leaves(state) if isinstance(x, jax.Array)}
-    meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
-    if len(meshes) != 1 or not all(isinstance(s, NamedSharding) and s.is_fully_replicated for s in shardings):
-        return None
-    mesh, = meshes
-    return mesh if mesh.size > 1 else None
-
-def _data_parallel_grads(mesh: Mesh, model: Transformer, batch_BT: jax.Array, accum_steps: int, wrt=nnx.Param):
-    ("`_grads` of each device's own rows, then one mean over the devices of every gradient at once, "
-     "flattened into one vector.")
-    graphdef, params, rest = nnx.split(model, wrt, ...)
-    axes = tuple(mesh.axis_names)
-    def local(params, rest, rows_BT):
-        loss, grads = _grads(nnx.merge(graphdef, params, rest), rows_BT, accum_steps, wrt)
-        flat, unflatten = ravel_pytree(grads)
-        return jax.lax.pmean(loss, axes), unflatten(jax.lax.pmean(flat, axes))
-    # check_vma off: cpu_matmul's custom VJP (01_model) does not mark its weight gradients as varying over the devices
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axes)), out_specs=P(),
-                         check_vma=False)(params, rest, batch_BT)
-
-# %% ../nbs/04_train.ipynb #80d426cd
-@cache
-def _cpu_options() -> tuple[tuple[str, str], ...]:
-    if jax.default_backend() != "cpu":
-        return ()
-    options = (("xla_cpu_experimental_ynn_fusion_type", ""), ("xla_disable_hlo_passes", "tree_reduction_rewriter"))
-    try:  # an XLA without the option refuses it: then compile with the defaults
-        jax.jit(lambda x: x @ x, compiler_options=dict(options))(jnp.ones((8, 8))).block_until_ready()
-    except Exception:
-        return ()
-    return options
-
-def compiler_options() -> dict:
-    ("XLA options for the train and eval steps: on a CPU, YNNPACK library fusions off and the tree-reduction "
-     "rewrite off (7–10 % and 8–11 % faster steps measured); none elsewhere.")
-    return dict(_cpu_options())
-
 # %% ../nbs/04_train.ipynb #c5747410
 DROPOUT_STREAM = 0x64726F70  # "drop": the key's own stream, folded in before the step
 
@@ -323,25 +270,22 @@ def dropout_key(seed: int, step) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), DROPOUT_STREAM), step)
 
 def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0,
-                    steps_per_call: int = 1, platform: str | None = None):
+                    steps_per_call: int = 1, platform: str | None = None, remat: str = "none"):
     ("A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the "
      "initial state. With `steps_per_call` > 1 it takes a tuple of batches, one optimizer step each. `platform`: "
      "the one it is lowered for (default: this machine's).")
     graphdef, state = nnx.split((model, optimizer))
     use_dropout = model.cfg.dropout_rate > 0
-    # data parallel on a CPU: one all-reduce of all gradients, after the accumulation (05_parallel, "One all-reduce")
-    on_cpu = (platform or jax.default_backend()) == "cpu"
-    mesh = _replicated_mesh(nnx.state(model)) if on_cpu and not use_dropout else None
+    grads_fn = partial(_grads, accum_steps=accum_steps, wrt=optimizer.wrt, remat=remat)
+    if not use_dropout:  # every device the same masks would not be the one-device run's: dropout keeps the plain step
+        grads_fn = one_all_reduce(grads_fn, nnx.state(model), accum_steps, platform)
     layout = mesh_of(state)  # the splash kernel's shard_map needs it while tracing
 
     @on_mesh(layout)
     def train_step(state, batch_BT):
         model, optimizer = nnx.merge(graphdef, state)
         key = dropout_key(seed, optimizer.step[...]) if use_dropout else None
-        if mesh is not None and batch_BT.shape[0] % (mesh.size * accum_steps) == 0:
-            loss, grads = _data_parallel_grads(mesh, model, batch_BT, accum_steps, optimizer.wrt)
-        else:
-            loss, grads = _grads(model, batch_BT, accum_steps, optimizer.wrt, key)
+        loss, grads = grads_fn(model, batch_BT, key)
         optimizer.update(model, grads)
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
                    "skipped": optimizer.opt_state.notfinite_count[...]}
@@ -413,64 +357,6 @@ def evaluate(eval_step, state, val_batches: Sequence[np.ndarray], put: Callable 
     losses = [eval_step(state, put(b)) * len(b) for b in val_batches]
     return float(sum(losses) / sum(len(b) for b in val_batches))
 
-# %% ../nbs/04_train.ipynb #3a9c7211
-# device kind substring: dense FLOP/s per chip (bf16/fp16, fp32 as XLA runs it)
-PEAK_FLOPS: dict[str, tuple[float, float]] = {
-    "TPU v2": (45e12, 45e12), "TPU v3": (123e12, 123e12), "TPU v4": (275e12, 275e12),
-    "TPU v5 lite": (197e12, 197e12), "TPU v5e": (197e12, 197e12), "TPU v5": (459e12, 459e12),
-    "TPU v6 lite": (918e12, 918e12), "TPU v6e": (918e12, 918e12), "TPU7x": (2307e12, 2307e12),
-    "B200": (2250e12, 1100e12), "H200": (989e12, 494e12), "H100 PCIe": (756e12, 378e12), "H100": (989e12, 494e12),
-    "A100": (312e12, 156e12), "A10G": (70e12, 35e12), "L40S": (362e12, 183e12), "L4": (121e12, 60e12),
-    "V100": (125e12, 15.7e12), "T4": (65e12, 8.1e12),
-}
-
-def _cpu_name() -> str:
-    try:
-        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
-    except OSError:
-        names = []
-    return f"{names[0] if names else platform.processor() or platform.machine()} × {os.cpu_count()} cores"
-
-def cpu_peak_flops(cache: Path | None = None) -> float:
-    "The best fp32 matmul FLOP/s JAX reaches on this machine's CPU, measured once (under a second) and cached per CPU."
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / "cpu_peak_flops.json"
-    key = f"{_cpu_name()} | jax {jax.__version__} | best of many"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key not in known:
-        cpu = jax.devices("cpu")[0]
-        best = 0.0
-        for n in (256, 512, 768):
-            a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
-            matmul = jax.jit(lambda a: a @ a)
-            matmul(a).block_until_ready()
-            # ~0.2 s per size: a few calls leave the threads asleep and halve the figure
-            for _ in range(max(20, int(4e10 / (2 * n**3)))):
-                started = time.perf_counter()
-                matmul(a).block_until_ready()
-                best = max(best, 2 * n**3 / (time.perf_counter() - started))
-        known[key] = best
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(known, indent=1))
-        except OSError:
-            pass  # a read-only home: measure again next time
-    return known[key]
-
-def peak_flops(dtype: str = "float32", devices: Sequence | None = None) -> float | None:
-    ("Peak FLOP/s of `devices` (default: all) computing in `dtype`: the table × the device count, "
-     "the measured CPU peak, or None if unknown.")
-    devices = devices or jax.devices()
-    if devices[0].platform == "cpu":
-        return cpu_peak_flops()
-    kind = devices[0].device_kind.lower()
-    for name, (low, full) in PEAK_FLOPS.items():
-        if name.lower() in kind:
-            return (low if dtype in ("bfloat16", "float16") else full) * len(devices)
-    return None
-
 # %% ../nbs/04_train.ipynb #de7e91c9
 @dataclass
 class TrainLog:
@@ -500,16 +386,17 @@ class TrainLog:
         "Tokens trained on in this call."
         return self.steps * self.tokens_per_step
 
-    def _steady(self) -> tuple[dict, dict] | None:
-        return (self.history[0], self.history[-1]) if len(self.history) >= 2 else None
+    def _steady(self, key: str, amount: Callable[[dict], float]) -> float:
+        "What `amount` of a log record gains per second, from the first log step to the last."
+        if len(self.history) < 2:  # one log step: its own `key`, which leaves out compilation like the others
+            return self.history[0][key] if self.history else 0.0
+        first, last = self.history[0], self.history[-1]
+        return (amount(last) - amount(first)) / (last["clock"] - first["clock"])
 
     @property
     def tokens_per_sec(self) -> float:
         "Steady-state throughput: from the first log step (compilation done) to the last, evaluation excluded."
-        if not self._steady():  # one log step: its own rate, which leaves out compilation like the others
-            return self.history[0]["tokens_per_sec"] if self.history else 0.0
-        first, last = self._steady()
-        return self.tokens_per_step * (last["step"] - first["step"]) / (last["clock"] - first["clock"])
+        return self._steady("tokens_per_sec", lambda h: self.tokens_per_step * h["step"])
 
     @property
     def mfu(self) -> float | None:
@@ -519,10 +406,7 @@ class TrainLog:
     @property
     def outside_step_fraction(self) -> float:
         "Share of the steady state's wall time spent on the host outside the compiled step."
-        if not self._steady():
-            return self.history[0]["outside_step_fraction"] if self.history else 0.0
-        first, last = self._steady()
-        return (last["outside"] - first["outside"]) / (last["clock"] - first["clock"])
+        return self._steady("outside_step_fraction", lambda h: h["outside"])
 
 # %% ../nbs/04_train.ipynb #d816e4f6
 def _write_jsonl(path: Path | None, record: dict) -> None:
@@ -555,65 +439,6 @@ def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped
                           "lower --learning-rate or raise --warmup-steps (and check the data), "
                           "then continue with --resume-from")
 
-# %% ../nbs/04_train.ipynb #a519d4e2
-def loss_figure(train: dict[int, float], val: dict[int, float]):
-    "A matplotlib `Figure` of train and validation loss (`{step: loss}`) against steps."
-    from matplotlib.figure import Figure  # no pyplot: works headless and inside notebooks alike
-    fig = Figure(figsize=(6, 3.5), tight_layout=True)
-    ax = fig.add_subplot()
-    for points, style, label in [(train, "-", "train"), (val, "o-", "validation")]:
-        if points:
-            steps = sorted(points)
-            ax.plot(steps, [points[s] for s in steps], style, label=label)
-    ax.set(xlabel="step", ylabel="loss (nats/token)", title="tiny_lm training")
-    if train or val:
-        ax.legend()
-    return fig
-
-def plot_losses(metrics_path: Path, out: Path | None = None) -> Path:
-    ("Draw train and validation loss against steps from a `metrics.jsonl` "
-     "(a resumed run's repeated steps: the latest wins) into `loss.png`.")
-    train, val = {}, {}
-    for line in metrics_path.read_text().splitlines():
-        r = json.loads(line)
-        (val if "val_loss" in r else train)[r["step"]] = r.get("val_loss", r.get("loss"))
-    out = out or metrics_path.with_name("loss.png")
-    loss_figure(train, val).savefig(out, dpi=100)
-    return out
-
-# %% ../nbs/04_train.ipynb #1c6b41f6
-def in_notebook() -> bool:
-    "Whether this code runs in a Jupyter or Colab kernel (not a terminal, not a test runner)."
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in shell.config
-
-class LivePlot:
-    "The loss plot, redrawn in place below a notebook cell while `fit` runs: IPython display updates, no widget needed."
-    def __init__(self, every_seconds: float = 2.0):
-        self.every, self.handle, self.drawn = every_seconds, None, -math.inf
-        self.draws = 0  # how many times it was drawn
-
-    def update(self, run: TrainLog, force: bool = False) -> float:
-        "Redraw from `run` if `every_seconds` have passed (or `force`); returns the seconds it took."
-        started = time.perf_counter()
-        if not force and started - self.drawn < self.every:
-            return 0.0
-        from IPython.display import Image, display
-        buffer = io.BytesIO()
-        loss_figure({h["step"]: h["loss"] for h in run.history},
-                    {e["step"]: e["val_loss"] for e in run.evals}).savefig(buffer, format="png", dpi=80)
-        image = Image(buffer.getvalue())
-        if self.handle is None:
-            self.handle = display(image, display_id=True)
-        else:
-            self.handle.update(image)
-        self.drawn, self.draws = time.perf_counter(), self.draws + 1
-        return self.drawn - started
-
 # %% ../nbs/04_train.ipynb #b752fc83
 class Interrupted(Exception):
     "Training stopped on SIGTERM or Ctrl-C after `step` (its checkpoint saved when `fit` had a checkpoint callback)."
@@ -626,8 +451,7 @@ class Interrupted(Exception):
 
 @contextmanager
 def stop_signals():
-    ("While open: SIGTERM and a first Ctrl-C are appended to the yielded list (stop after this step); "
-     "a second Ctrl-C interrupts at once.")
+    "While open: SIGTERM and a first Ctrl-C go on the yielded list (stop after this step); a second interrupts at once."
     requested: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield requested
@@ -644,8 +468,7 @@ def stop_signals():
             signal.signal(s, handler)
 
 def _on_any_process(*values: int) -> list[int]:
-    ("Each of `values` (flags, or a signal number; 0 for none), the largest over all processes: "
-     "every process gets the same answers, in one exchange.")
+    "Each of `values` (flags, or a signal number; 0: none), the largest over all processes: one exchange, same answers."
     if jax.process_count() == 1:
         return [int(v) for v in values]
     from jax.experimental import multihost_utils
@@ -665,13 +488,10 @@ def _reporting(model: Transformer, start_step: int, peak: float | None, output_d
 
 def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable, state, seq_len: int, steps: int,
                      steps_per_call: int):
-    ("Fetch the next `steps` batches, put them on the devices and run `steps` optimizer steps on them in one call: "
-     "`(state, metrics, data_state)`.")
+    "Put the next `steps` batches on the devices and train on them in one call: `(state, metrics, data_state)`."
     fetched = time.perf_counter()
-    batches_BT = []
-    for _ in range(steps):
-        batch, data_state = next(loader)
-        batches_BT.append(put(batch))
+    batches, data_states = zip(*(next(loader) for _ in range(steps)))
+    batches_BT = [put(batch) for batch in batches]
     called = time.perf_counter()
     state, metrics = train_step(state, batches_BT[0] if steps_per_call == 1 else tuple(batches_BT))
     if run.steps == 0 or steps != steps_per_call:  # the first call (and a last, shorter one) traces and compiles
@@ -680,7 +500,7 @@ def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable,
         run.tokens_per_step = batches_BT[0].shape[0] * seq_len
     run.outside += called - fetched
     run.steps += steps
-    return state, metrics, data_state
+    return state, metrics, data_states[-1]
 
 def _crossed(before: int, done: int, every: int) -> bool:
     "Whether a multiple of `every` lies in (before, done]: a call of several steps lands on the next boundary."
@@ -697,8 +517,7 @@ def _log_step(run: TrainLog, cfg: TrainConfig, before: int, done: int, total_ste
 # %% ../nbs/04_train.ipynb #2a768c97
 def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches, checkpoint: Callable | None,
          requested: list[int], last_save: float) -> tuple[bool, bool, int]:
-    ("What the call that took the run from step `before` to `done` calls for, the same on every process: "
-     "evaluate, save, stop (the signal number; 0: no).")
+    "What the call from step `before` to `done` calls for, the same on every process: evaluate, save, stop (a signal)."
     evaluating = val_batches and (_crossed(before, done, cfg.eval_every) or done == total_steps)
     stop, late = 0, False  # a signal to any process stops all; a save that is due by the clock on any process saves all
     if jax.process_count() == 1 or _crossed(before, done, cfg.log_every):  # many processes compare at log steps only
@@ -710,11 +529,8 @@ def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches
     return evaluating, saving, stop
 
 @contextmanager
-def _paused(run: TrainLog, metrics: dict, pausing: bool):
-    "When `pausing`, the time inside counts as evaluation and checkpointing, not training."
-    if not pausing:
-        yield
-        return
+def _paused(run: TrainLog, metrics: dict):
+    "The time inside counts as evaluation and checkpointing, not training."
     jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
     paused = time.perf_counter()
     yield
@@ -748,14 +564,9 @@ def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Op
 def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
     "The finished run's totals (wall time, time waiting for data), and loss.png drawn from all of metrics.jsonl."
     run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
-    if metrics_path is not None and metrics_path.exists() and not _plot_is_current(metrics_path):
-        plot_losses(metrics_path)
+    if metrics_path is not None and metrics_path.exists():
+        plot_losses(metrics_path, stale_only=True)
     return run
-
-def _plot_is_current(metrics_path: Path) -> bool:
-    "Whether loss.png was drawn after the last line of metrics.jsonl (a run ending on an evaluation): no redraw needed."
-    png = metrics_path.with_name("loss.png")  # a tie on a coarse clock counts as stale: drawn again
-    return png.exists() and png.stat().st_mtime_ns > metrics_path.stat().st_mtime_ns
 
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
@@ -777,7 +588,8 @@ def fit(
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K = cfg.steps_per_call
-    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K)
+    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K,
+                                         remat=cfg.remat)
     eval_step, val_put = make_eval_step(model, optimizer), val_put or put
     rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
@@ -792,7 +604,7 @@ def fit(
                 _log_step(run, cfg, before, done, total_steps, metrics, rates, bar, live, metrics_path)
                 evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested,
                                                 last_save)
-                with _paused(run, metrics, evaluating or saving):
+                with _paused(run, metrics) if evaluating or saving else nullcontext():
                     if evaluating:
                         _evaluate(run, done, metrics, evaluate(eval_step, state, val_batches, val_put), metrics_path,
                                   bar.write if progress else log, live, on_eval, model, optimizer, state)
