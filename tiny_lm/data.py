@@ -774,7 +774,7 @@ class Prefetcher:
     def close(self) -> None:
         "Stop the thread: drop the results not begun, and wait up to 10 s for the one it is making."
         self._pool.shutdown(wait=False, cancel_futures=True)
-        wait(self._ready, timeout=10)
+        wait([f for f in self._ready if not f.cancelled()], timeout=10)  # a cancelled job never counts as done
 
 # %% ../nbs/03_data.ipynb #d2f3c2c2
 def step_batches(batches, start_step: int = 0, accum_steps: int = 1, depth: int = 4) -> Prefetcher:
