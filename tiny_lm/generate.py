@@ -22,31 +22,13 @@ from .parallel import batch_sharding, make_mesh
 from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
-__all__ = ['DECODE_CHUNK', 'filter_logits', 'sample_token', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache',
-           'check_sampling', 'generate_batch', 'generate']
-
-# %% ../nbs/07_generate.ipynb #6e6f1dd2
-def filter_logits(logits_V: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
-    """Scale by temperature, then mask all but the top-k tokens and the top-p nucleus
-    (`top_k=0`, `top_p=1` disable them)."""
-    logits_V = logits_V / jnp.maximum(temperature, 1e-6)
-    sorted_V = jnp.sort(logits_V)[::-1]
-    kth = sorted_V[jnp.clip(top_k, 1, logits_V.shape[-1]) - 1]
-    logits_V = jnp.where((top_k > 0) & (logits_V < kth), -jnp.inf, logits_V)
-    probs_V = jax.nn.softmax(jnp.sort(logits_V)[::-1])
-    mass_before_V = jnp.cumsum(probs_V) - probs_V
-    cutoff = jnp.min(jnp.where(mass_before_V < top_p, jnp.sort(logits_V)[::-1], jnp.inf))
-    return jnp.where(logits_V < cutoff, -jnp.inf, logits_V)
-
-def sample_token(logits_V: jax.Array, key: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
-    "Draw one token id; temperature 0 is greedy."
-    sampled = jax.random.categorical(key, filter_logits(logits_V, temperature, top_k, top_p))
-    return jnp.where(temperature > 0, sampled, jnp.argmax(logits_V))
+__all__ = ['DECODE_CHUNK', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache', 'check_sampling', 'generate_batch',
+           'generate']
 
 # %% ../nbs/07_generate.ipynb #bd088f29
 def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
                nucleus: bool) -> tuple[jax.Array, jax.Array | None]:
-    """`filter_logits` for a batch without a full sort: scaled logits `[B, C]` of the top-k tokens (all when 0),
+    """Top-k and top-p filtering of a batch, no full sort: scaled logits `[B, C]` of the top-k tokens (all when 0),
     most likely first, -inf outside the nucleus, and their ids (None: all tokens, in order)."""
     if not (top_k or nucleus):
         return logits_BV / temperature, None
