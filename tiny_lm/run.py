@@ -683,12 +683,22 @@ def _report(t: Trainer, s: RunState, summary: dict) -> None:
         t.say("--- sample ---\n" + sample)
 
 # %% ../nbs/08a_run.ipynb #d7c0d067
+def _weights_by_layer(model: nnx.Module) -> dict[str, np.ndarray]:
+    "Every parameter array by name, in layer order: the stacked blocks' one per layer (`blocks.0.mlp.up.kernel`, ...)."
+    named = {}
+    for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
+        name, x = path_name(p).replace("/", "."), np.asarray(x, np.float32)
+        layers = enumerate(x) if name.startswith("blocks.") else [(None, x)]
+        named.update({name if i is None else f"blocks.{i}.{name.removeprefix('blocks.')}": a for i, a in layers})
+    by_layer = lambda name: (0, int(name.split(".")[1]), name) if name.startswith("blocks.") else (1, 0, name)
+    return {name: named[name] for name in sorted(named, key=by_layer)}
+
 def inspect_run(path: str | Path = "output", prompt: str = "") -> dict:
     "What a run folder holds: step, losses, configuration, parameter norms, health, checkpoint folders and a sample."
     run = load_run(path)
-    leaves = jax.tree_util.tree_leaves_with_path(nnx.state(run.model, nnx.Param))
-    norms = {path_name(p).replace("/", "."): float(np.linalg.norm(np.asarray(x, np.float32))) for p, x in leaves}
-    finite = bool(all(np.isfinite(np.asarray(x, np.float32)).all() for _, x in leaves))
+    weights = _weights_by_layer(run.model)
+    norms = {name: float(np.linalg.norm(x)) for name, x in weights.items()}
+    finite = bool(all(np.isfinite(x).all() for x in weights.values()))
     summary_file = run.root / "training_summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     metrics = run.meta.get("metrics", {})
