@@ -26,8 +26,9 @@ from .generate import generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
 from .profiles import Plan, device_memory, match_hardware, plan_run, steps_per_call_dividing
-from .run import (RunConfig, Trainer, check_continued_model, describe_inspection, duration, inspect_run,
-                         mesh_devices, recorded_model, resolve_resume, saved_run, split_cpu)
+from .run import (RunConfig, Trainer, check_continued_model, check_continued_optimizer,
+                         describe_inspection, duration, inspect_run, mesh_devices, recorded_model, resolve_resume,
+                         saved_run, split_cpu)
 from .score import evaluate_text
 from .sizing import PRESETS, preset_config, size_report, target_config
 from .tokenizer import TokenizerConfig, load_tokenizer
@@ -104,8 +105,9 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
     _check_size_flags(args)
     _check_lora_flags(args, saved)
     ModelConfig(**{k: v for k, v in model.items() if k in ("dropout_rate", "dtype", "attention", "lora_alpha")})  # now
-    if saved:  # precision, dropout and the attention kernel may change on resume; the shapes may not
+    if saved:  # precision, dropout and the attention kernel may change on resume; the shapes and optimizer may not
         _check_resumed_model(args, saved)
+        check_continued_optimizer(saved, train, args.resume_from or args.output_dir)
     return data, tok, model, train
 
 def _check_resumed_model(args, saved: dict) -> None:
@@ -190,8 +192,8 @@ def run_config_from_args(args) -> RunConfig:
                      args.sample_tokens, args.eval_sample_tokens, not args.no_progress, compile_cache)
 
 # %% ../nbs/09_cli.ipynb #e93cf368
-_PLANNED = ("model_preset", "precision", "batch_size", "gradient_accumulation_steps", "learning_rate",
-            "save_every_minutes", "steps_per_call", "remat", "use_mixed_precision")  # each overrides the profile's pick
+_PLANNED = ("model_preset", "precision", "batch_size", "gradient_accumulation_steps", "learning_rate",  # each given
+            "save_every_minutes", "steps_per_call", "remat", "optimizer", "use_mixed_precision")  # wins over the plan
 
 def _planned_vocab(args, init) -> int:
     "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
@@ -223,7 +225,7 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if args.batch_size is None:
         args.batch_size = fitted.batch_size
         args.gradient_accumulation_steps = args.gradient_accumulation_steps or fitted.gradient_accumulation_steps
-    for name in ("learning_rate", "save_every_minutes", "remat"):  # the rest of the plan, where no flag gave it
+    for name in ("learning_rate", "save_every_minutes", "remat", "optimizer"):  # the rest of the plan, unless given
         if getattr(args, name) is None:
             setattr(args, name, getattr(fitted, name))
     if args.steps_per_call is None:  # fewer, if need be, so that each interval given keeps its steps

@@ -32,7 +32,8 @@ TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int,
                 "save_every_minutes": float, "keep_checkpoints": int,
-                "steps_per_call": int, "remat": str}
+                "steps_per_call": int, "remat": str, "optimizer": str, "muon_learning_rate": float,
+                "lr_schedule": str, "decay_fraction": float}
 MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
 
 # %% ../nbs/08c_flags.ipynb #d2ba7a78
@@ -68,6 +69,14 @@ _HELP = {
              "(each block's activations: the least memory, about a third more compute) or dots (keeps the matmul "
              "outputs) (default: the --profile's: none on a CPU; on a GPU or TPU the least recomputation that "
              "lets the planned batch fit without gradient accumulation)",
+    "optimizer": "adamw, or muon: Muon (orthogonalized momentum) on the blocks' matrices and AdamW on the embedding, "
+                 "head, norms and adapters; a run continues with the optimizer it was trained with (default: the "
+                 "--profile's: adamw on a CPU)",
+    "muon_learning_rate": "--optimizer muon: peak learning rate of the Muon matrices; --learning-rate stays the "
+                          "AdamW part's (default: 0.02)",
+    "lr_schedule": "cosine: warm-up, then a cosine to the end rate; wsd: warm-up, the peak held, then a straight line "
+                   "to the end rate over the last --decay-fraction of the run (default: cosine)",
+    "decay_fraction": "--lr-schedule wsd: the share of the run, at its end, spent decaying (default: 0.5)",
     "steps_per_call": "optimizer steps per compiled call (one scan over that many batches): fewer launches for a "
                       "small model on an accelerator; logging, evaluation, checkpoints and Ctrl-C/SIGTERM take "
                       "effect at the end of a call (default: the --profile's: 1 on a CPU, up to 10 for small models "
@@ -391,7 +400,9 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
                      "sample_tokens", "eval_sample_tokens", "process_id", "max_tokens", "temperature", "top_k"],
                     at_least(0)),
     "shuffle_buffer_size": at_least(1, "1 disables shuffling"), "lora_rank": at_least(1, "8 or 16 is usual"),
-    **dict.fromkeys(["lora_alpha", "learning_rate", "epochs"], Range(lambda value: value > 0, "more than 0")),
+    **dict.fromkeys(["lora_alpha", "learning_rate", "muon_learning_rate", "epochs"],
+                    Range(lambda value: value > 0, "more than 0")),
+    "decay_fraction": Range(lambda value: 0 < value <= 1, "in (0, 1]", "0.5 decays over the second half"),
     "max_steps": at_least(1, "the run trains that many optimizer steps"),
     "dropout_rate": Range(lambda value: 0 <= value < 1, "in [0, 1)", "0.1 is usual, 0 turns dropout off"),
     "top_p": Range(lambda value: 0 < value <= 1, "in (0, 1]", "1 keeps every token, 0.9 is usual"),

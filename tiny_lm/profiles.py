@@ -21,10 +21,11 @@ from .train import TrainConfig
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER',
-           'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'SAVE_MINUTES',
-           'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours',
-           'choose_preset', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing',
-           'Plan', 'plan_run']
+           'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
+           'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'Hardware', 'usable_memory', 'device_memory',
+           'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'choose_batch',
+           'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
+           'choose_optimizer', 'Plan', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -157,6 +158,22 @@ def steps_per_call_dividing(k: int, intervals: Sequence[int | None]) -> int:
     "The most steps per call, up to `k`, dividing every interval given (None: not given): each lands on its own steps."
     return max(c for c in STEPS_PER_CALL if c <= k and all(n is None or n % c == 0 for n in intervals))
 
+# %% ../nbs/04a_profiles.ipynb #018aac0f
+MUON_MAX_OVERHEAD = 0.1  # Muon where Newton–Schulz adds at most this share of a step's FLOPs
+NEWTON_SCHULZ_STEPS = 5  # optax.contrib.muon's default
+
+def muon_overhead(cfg: ModelConfig, tokens_per_step: int) -> float:
+    "Newton–Schulz's FLOPs over a training step's, for the blocks' matrices of `cfg` and `tokens_per_step` tokens."
+    qkv = (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
+    shapes = [(cfg.d_model, qkv), (cfg.d_model, cfg.d_model), (cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)]
+    shapes += [(cfg.d_model, cfg.d_ff)] if cfg.use_swiglu else []
+    per_layer = sum(4 * min(s) ** 2 * max(s) + 2 * min(s) ** 3 for s in shapes)
+    return NEWTON_SCHULZ_STEPS * cfg.n_layer * per_layer / (flops_per_token(cfg) * tokens_per_step)
+
+def choose_optimizer(cfg: ModelConfig, tokens_per_step: int) -> str:
+    "muon where its Newton–Schulz costs at most MUON_MAX_OVERHEAD of the step, adamw elsewhere."
+    return "muon" if muon_overhead(cfg, tokens_per_step) <= MUON_MAX_OVERHEAD else "adamw"
+
 # %% ../nbs/04a_profiles.ipynb #bbf23b73
 # --save-every-minutes: a Colab accelerator may disconnect at any time
 SAVE_MINUTES = {"cpu": 10.0, "gpu": 5.0, "tpu": 5.0}
@@ -181,6 +198,7 @@ class Plan:
     compute_optimal_hours: float | None  # of the model, at ASSUMED_MFU (None where the peak is not known)
     steps_per_call: int = 1  # optimizer steps per compiled call
     remat: str = "none"  # what the backward pass recomputes, to fit the batch at once (TrainConfig.remat)
+    optimizer: str = "adamw"  # TrainConfig.optimizer: `choose_optimizer`'s pick
     overridden: tuple[str, ...] = ()  # the flags given, which win over the plan
 
     @property
@@ -197,7 +215,7 @@ class Plan:
         intervals = [overrides.get(k) for k in ("log_every", "eval_every", "save_every", "max_steps")]
         planned = dict(batch_size=self.batch_size, gradient_accumulation_steps=self.gradient_accumulation_steps,
                        learning_rate=self.learning_rate, save_every_minutes=self.save_every_minutes, remat=self.remat,
-                       steps_per_call=steps_per_call_dividing(self.steps_per_call, intervals))
+                       optimizer=self.optimizer, steps_per_call=steps_per_call_dividing(self.steps_per_call, intervals))
         return TrainConfig(**planned | overrides)
 
     def describe(self) -> str:
@@ -211,7 +229,7 @@ class Plan:
         return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): "
                 f"{model}, {self.seq_len} tokens, "
                 f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, "
-                f"learning rate {self.learning_rate:.2g}, {self.precision_flag}, "
+                f"{self.optimizer}, learning rate {self.learning_rate:.2g}, {self.precision_flag}, "
                 f"{self.attention} attention, a save every {self.save_every_minutes:g} min"
                 + (f" (overridden by {', '.join(self.overridden)})" if self.overridden else ""))
 
@@ -222,7 +240,7 @@ def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig 
     return Plan("cpu", "cpu", detected, num_devices, memory, None if model else "tiny", cfg.seq_len, train.batch_size,
                 train.gradient_accumulation_steps, train.learning_rate, "float32" if model is None else cfg.dtype,
                 "xla", train.save_every_minutes, train_memory_bytes(cfg, train.batch_size)["total"], None,
-                CPU_STEPS_PER_CALL)
+                CPU_STEPS_PER_CALL, optimizer=choose_optimizer(cfg, train.batch_size * cfg.seq_len))
 
 def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
              num_devices: int | None = None) -> Plan | None:
@@ -247,4 +265,5 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
                 choose_learning_rate(cfg), cfg.dtype, kernel, SAVE_MINUTES[hw.platform],
                 train_memory_bytes(cfg, micro, remat, kernel)["total"],
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None,
-                choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat)
+                choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat,
+                optimizer=choose_optimizer(cfg, micro * accum * cfg.seq_len))

@@ -48,10 +48,10 @@ from .train import (TrainConfig, continue_schedule, fit, init_model, legacy_sche
                            new_schedule, set_schedule, use_compile_cache)
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'resolve_resume', 'saved_run', 'check_continued_model', 'continued_configs',
-           'shared_tokens', 'PreparedData', 'prepare_data', 'prepare_tokenizer', 'mesh_devices', 'run_mesh',
-           'split_cpu', 'warn_if_too_big', 'recorded_model', 'duration', 'RunState', 'Trainer', 'inspect_run',
-           'describe_inspection']
+__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'resolve_resume', 'saved_run', 'check_continued_model', 'check_continued_optimizer',
+           'continued_configs', 'shared_tokens', 'PreparedData', 'prepare_data', 'prepare_tokenizer', 'mesh_devices',
+           'run_mesh', 'split_cpu', 'warn_if_too_big', 'recorded_model', 'duration', 'RunState', 'Trainer',
+           'inspect_run', 'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #e65ad816
 @dataclass(frozen=True)
@@ -151,11 +151,20 @@ def check_continued_model(saved: dict, model_config: ModelConfig | Callable | No
     cfg = model_config(saved["model"]["vocab_size"]) if callable(model_config) else model_config
     check_architecture(saved["model"], cfg, where, fix, ignore=("vocab_size",))  # the tokenizer decides vocab_size
 
+def check_continued_optimizer(saved: dict, train_config: TrainConfig, where) -> None:
+    "One error when a run recorded with one optimizer would continue with the other: their states do not convert."
+    was = saved.get("train", {}).get("optimizer", "adamw") if saved else train_config.optimizer
+    if was != train_config.optimizer:
+        raise TinyLMError(f"{where} was trained with --optimizer {was}, not {train_config.optimizer}: leave "
+                          "--optimizer out to continue it, or pass another --output-dir (or --overwrite) to start a "
+                          "new run")
+
 def continued_configs(saved: dict, model_config: ModelConfig | Callable | None, train_config: TrainConfig | None,
                       data_config: DataConfig | None, where=None) -> tuple:
     "`(model, train, data)` configs a run starts or continues with: those given, else the recorded ones (or defaults)."
     check_continued_model(saved, model_config, where)
     train = train_config or (TrainConfig.from_dict(saved["train"]) if saved else TrainConfig())
+    check_continued_optimizer(saved, train, where)
     return model_config, train, data_config or (DataConfig(**saved["data"]) if saved else DataConfig())
 
 # %% ../nbs/08a_run.ipynb #9425daa2
@@ -710,6 +719,15 @@ def inspect_run(path: str | Path = "output", prompt: str = "") -> dict:
             "bytes_per_token": summary.get("bytes_per_token"), "config": run.meta["config"], "norms": norms,
             "sample": sample}
 
+def _describe_training(config: dict) -> str:
+    "The optimizer and schedule a run trained with, as `tiny-lm inspect` names them."
+    train, schedule = config["train"], config.get("schedule", {})
+    muon = f" (Muon {train['muon_learning_rate']:.3g})" if train.get("optimizer") == "muon" else ""
+    shape = schedule.get("lr_schedule", "cosine")
+    shape += f" (decaying over the last {schedule['decay_fraction']:.0%})" if shape == "wsd" else ""
+    return (f"training: {train.get('optimizer', 'adamw')}, peak learning rate {train['learning_rate']:.3g}{muon}, "
+            f"{shape} schedule over {schedule.get('total_steps', train.get('max_steps'))} steps")
+
 def describe_inspection(report: dict) -> str:
     "`inspect_run`'s report as the lines `tiny-lm inspect` prints."
     nan, norms, model_cfg = float("nan"), report["norms"], report["config"]["model"]
@@ -720,7 +738,7 @@ def describe_inspection(report: dict) -> str:
              f"train loss {report['train_loss'] or nan:.4f} | val loss {report['val_loss'] or nan:.4f}",
              "model: " + ", ".join(f"{k}={model_cfg[k]}" for k in ("vocab_size", "seq_len", "d_model", "n_layer",
                                                                     "n_head", "d_ff", "dtype")),
-             f"tokenizer: {report['vocab_size']} tokens{bpt}",
+             f"tokenizer: {report['vocab_size']} tokens{bpt}", _describe_training(report["config"]),
              f"weights: {'all finite' if report['finite'] else 'NOT FINITE: NaN or Inf in ' + bad}",
              *(f"  {name:<{width}}  norm {norm:10.4f}" for name, norm in norms.items()), "checkpoints:",
              *(f"  {c['name']:<40} step {c['step']}  {c['state']}" for c in report["checkpoints"])]

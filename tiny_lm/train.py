@@ -32,11 +32,11 @@ from .show import LivePlot, in_notebook, plot_losses
 from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
-__all__ = ['CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig', 'warmup_for',
-           'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule', 'decay_mask', 'make_optimizer',
-           'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn', 'chunked_cross_entropy', 'dropout_key',
-           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog',
-           'Interrupted', 'stop_signals', 'fit']
+__all__ = ['OPTIMIZERS', 'SCHEDULES', 'CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig',
+           'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule', 'decay_mask',
+           'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn',
+           'chunked_cross_entropy', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache',
+           'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 @dataclass(frozen=True)
@@ -66,6 +66,12 @@ class TrainConfig:
     steps_per_call: int = 1
     # what the backward pass recomputes instead of keeping (01_model's REMAT): none, block, or dots (keeps matmuls)
     remat: str = "none"
+    # adamw; or muon: Muon on the blocks' matrices, AdamW on embeddings, head, norms and adapters (`make_optimizer`)
+    optimizer: str = "adamw"
+    muon_learning_rate: float = 0.02  # Muon's peak rate: its updates are orthogonalized, on a scale of their own
+    # cosine: warm-up, then a cosine to the end rate; wsd: warm-up, the peak held, then a straight line to the end rate
+    lr_schedule: str = "cosine"
+    decay_fraction: float = 0.5  # wsd: the share of the run spent decaying, at its end
 
     def __post_init__(self):
         _check_train_config(self)
@@ -86,6 +92,9 @@ class TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 # %% ../nbs/04_train.ipynb #4542c8dc
+OPTIMIZERS = ("adamw", "muon")  # TrainConfig.optimizer
+SCHEDULES = ("cosine", "wsd")  # TrainConfig.lr_schedule
+
 def _check_train_config(cfg: TrainConfig) -> None:
     "Every setting in range, with the flag to change and what it must be."
     if cfg.max_steps is None and cfg.epochs is None:
@@ -103,23 +112,41 @@ def _check_train_config(cfg: TrainConfig) -> None:
     if cfg.save_every_minutes < 0:
         raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), "
                           f"got {cfg.save_every_minutes}")
-    if cfg.remat not in REMAT:
-        raise TinyLMError(f"--remat {cfg.remat!r} is unknown: choose one of {', '.join(REMAT)}")
-    if cfg.learning_rate <= 0:
-        raise TinyLMError(f"--learning-rate must be positive, got {cfg.learning_rate}")
+    _check_recipe(cfg)
+
+def _check_recipe(cfg: TrainConfig) -> None:
+    "The choices (remat, optimizer, schedule) and the rates."
+    for flag, value, choices in (("--remat", cfg.remat, REMAT), ("--optimizer", cfg.optimizer, OPTIMIZERS),
+                                 ("--lr-schedule", cfg.lr_schedule, SCHEDULES)):
+        if value not in choices:
+            raise TinyLMError(f"{flag} {value!r} is unknown: choose one of {', '.join(choices)}")
+    if cfg.learning_rate <= 0 or cfg.muon_learning_rate <= 0:
+        raise TinyLMError(f"--learning-rate and --muon-learning-rate must be positive, got {cfg.learning_rate} "
+                          f"and {cfg.muon_learning_rate}")
+    if not 0 < cfg.decay_fraction <= 1:
+        raise TinyLMError(f"--decay-fraction must be in (0, 1], got {cfg.decay_fraction}: the share of the run "
+                          "spent decaying (0.5: the second half)")
 
 # %% ../nbs/04_train.ipynb #bda2fb14
 def warmup_for(cfg: TrainConfig, total_steps: int) -> int:
     "The warm-up of a run of `total_steps`: `warmup_steps`, but at most a tenth of the run (and at least one step)."
     return min(cfg.warmup_steps, max(1, total_steps // 10))
 
+def _shape(cfg: TrainConfig, steps: int) -> dict:
+    "How a segment of `steps` updates decays: a cosine (no key), or wsd's straight line over its last share."
+    if cfg.lr_schedule == "cosine":
+        return {}
+    return dict(shape="wsd", decay_steps=max(1, round(cfg.decay_fraction * steps)))
+
 def new_schedule(cfg: TrainConfig, total_steps: int) -> dict:
     ("A run's schedule from step 0, as plain JSON (checkpoints record it): warm-up from `learning_rate / w` at the "
-     "first update to `learning_rate` at update w, then a cosine to `learning_rate × min_lr_ratio` at the last.")
+     "first update to `learning_rate` at update w, then the decay of `lr_schedule` to `learning_rate × min_lr_ratio` "
+     "at the last.")
     w, peak = warmup_for(cfg, total_steps), cfg.learning_rate
     segment = dict(start=0, start_lr=peak / max(w, 1), warmup_steps=max(w - 1, 0), peak_lr=peak,
-                   end_lr=peak * cfg.min_lr_ratio, total_steps=total_steps)
-    return dict(warmup_steps=w, total_steps=total_steps, peak_lr=peak, end_lr=segment["end_lr"], segments=[segment])
+                   end_lr=peak * cfg.min_lr_ratio, total_steps=total_steps, **_shape(cfg, total_steps))
+    return dict(warmup_steps=w, total_steps=total_steps, peak_lr=peak, end_lr=segment["end_lr"],
+                lr_schedule=cfg.lr_schedule, decay_fraction=cfg.decay_fraction, segments=[segment])
 
 def legacy_schedule(cfg: TrainConfig, total_steps: int) -> dict:
     "The schedule of a run saved before runs recorded one: warm-up from 0 (the first update at 0), cosine to the end."
@@ -129,22 +156,37 @@ def legacy_schedule(cfg: TrainConfig, total_steps: int) -> dict:
     return dict(warmup_steps=w, total_steps=total_steps, peak_lr=peak, end_lr=segment["end_lr"], segments=[segment])
 
 def _segment_rates(seg: dict) -> optax.Schedule:
-    "One segment, counted from its start: linear from `start_lr` to `peak_lr`, then a cosine to `end_lr`."
-    decay_steps = max(seg["total_steps"] - 1 - seg["start"] - seg["warmup_steps"], 1)  # to the last update
-    return optax.warmup_cosine_decay_schedule(seg["start_lr"], seg["peak_lr"], seg["warmup_steps"],
-                                              seg["warmup_steps"] + decay_steps, seg["end_lr"])
+    ("One segment, counted from its start: linear from `start_lr` to `peak_lr`, then a cosine to `end_lr`; or (wsd) "
+     "the peak held, then a straight line to `end_lr` over the last `decay_steps`.")
+    w = seg["warmup_steps"]
+    decay_steps = max(seg["total_steps"] - 1 - seg["start"] - w, 1)  # to the last update
+    if seg.get("shape", "cosine") == "cosine":
+        return optax.warmup_cosine_decay_schedule(seg["start_lr"], seg["peak_lr"], w, w + decay_steps, seg["end_lr"])
+    down = min(seg["decay_steps"], decay_steps)
+    parts = [optax.linear_schedule(seg["start_lr"], seg["peak_lr"], w), optax.constant_schedule(seg["peak_lr"]),
+             optax.linear_schedule(seg["peak_lr"], seg["end_lr"], down)]
+    return optax.join_schedules(parts, [w, w + decay_steps - down])
 
 def schedule_fn(schedule: dict) -> optax.Schedule:
     "The learning rate of each update (optax's count: 0 is the first) under `schedule`: its segments joined."
     segments = schedule["segments"]
     return optax.join_schedules([_segment_rates(s) for s in segments], [s["start"] for s in segments[1:]])
 
+
 # %% ../nbs/04_train.ipynb #621f563a
+def _same_rates(saved: dict, cfg: TrainConfig, total_steps: int) -> bool:
+    "Whether `saved` is the schedule `cfg` gives a run of `total_steps` (an old run's record has no shape: cosine)."
+    shape = saved.get("lr_schedule", "cosine")
+    return ((saved["total_steps"], saved["peak_lr"], saved["end_lr"], shape) ==
+            (total_steps, cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio, cfg.lr_schedule)
+            and (shape == "cosine" or saved["decay_fraction"] == cfg.decay_fraction))
+
 def continue_schedule(saved: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
-    ("The schedule of a run resumed at step `start` for `total_steps`: the saved one if its length and rates are "
-     "unchanged (an exact resume); else the saved one to `start`, then a segment that re-warms and decays to the end.")
+    ("The schedule of a run resumed at step `start` for `total_steps`: the saved one if its length, rates and shape "
+     "are unchanged (an exact resume); else the saved one to `start`, then a segment that re-warms and decays to the "
+     "end (with `cfg`'s shape).")
     peak, end = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
-    if (saved["total_steps"], saved["peak_lr"], saved["end_lr"]) == (total_steps, peak, end):
+    if _same_rates(saved, cfg, total_steps):
         return saved
     rate = float(schedule_fn(saved)(start))
     w = saved["warmup_steps"] or warmup_for(cfg, total_steps)
@@ -152,9 +194,12 @@ def continue_schedule(saved: dict, cfg: TrainConfig, start: int, total_steps: in
     needed = max(0, math.ceil(w * (1 - rate / peak) - 1e-3))
     rise = min(needed, max(1, (total_steps - start) // 10))
     top = peak if rise == needed else rate + rise * peak / w
-    segment = dict(start=start, start_lr=rate, warmup_steps=rise, peak_lr=top, end_lr=end, total_steps=total_steps)
+    segment = dict(start=start, start_lr=rate, warmup_steps=rise, peak_lr=top, end_lr=end, total_steps=total_steps,
+                   **_shape(cfg, total_steps - start))
     kept = [s for s in saved["segments"] if s["start"] < start]
-    return dict(saved, total_steps=total_steps, peak_lr=peak, end_lr=end, segments=[*kept, segment])
+    return dict(saved, total_steps=total_steps, peak_lr=peak, end_lr=end, lr_schedule=cfg.lr_schedule,
+                decay_fraction=cfg.decay_fraction, segments=[*kept, segment])
+
 
 # %% ../nbs/04_train.ipynb #849dccab
 def decay_mask(params) -> object:
@@ -165,12 +210,28 @@ def decay_mask(params) -> object:
         return layer_ndim >= 2 and "embedding" not in name
     return jax.tree_util.tree_map_with_path(decays, params)
 
+def muon_dimensions(params) -> object:
+    ("Muon's share of `params`: each matrix of the stacked blocks (not a LoRA adapter) as its reduction and output "
+     "axes, the layer axis left as a batch axis; None for the arrays AdamW keeps.")
+    def dims(path, p):
+        name = jax.tree_util.keystr(path)
+        if "['blocks']" in name and "['kernel']" in name and p.ndim == 3:
+            return optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+        return None
+    return jax.tree_util.tree_map_with_path(dims, params)
+
 def make_optimizer(cfg: TrainConfig, total_steps: int, schedule: dict | None = None) -> optax.GradientTransformation:
-    "Clipping, then AdamW at the rates of `schedule` (default: a new run's), decay on `decay_mask`: `clip_or_skip`."
+    ("Clipping, then `cfg.optimizer` at the rates of `schedule` (default: a new run's), skipping non-finite steps: "
+     "AdamW with decay on `decay_mask`; or Muon on `muon_dimensions` (its rates scaled to `muon_learning_rate`, "
+     "decay on all of them) and AdamW on the rest, without decay.")
     rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
-    adamw = optax.adamw(rates, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay,
-                        mask=decay_mask)
-    return clip_or_skip(adamw, cfg.grad_clip)
+    if cfg.optimizer == "adamw":
+        inner = optax.adamw(rates, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=decay_mask)
+    else:
+        muon_rates = lambda count: rates(count) * (cfg.muon_learning_rate / cfg.learning_rate)
+        inner = optax.contrib.muon(muon_rates, weight_decay=cfg.weight_decay, adam_learning_rate=rates,
+                                   adam_b1=cfg.beta1, adam_b2=cfg.beta2, muon_weight_dimension_numbers=muon_dimensions)
+    return clip_or_skip(inner, cfg.grad_clip)
 
 def clip_or_skip(inner: optax.GradientTransformation, max_norm: float) -> optax.GradientTransformation:
     """`inner` after clipping to the global norm `max_norm` (0: no clipping); a step whose gradients hold a NaN or an
@@ -193,6 +254,7 @@ def clip_or_skip(inner: optax.GradientTransformation, max_norm: float) -> optax.
             notfinite_count=skipped, last_finite=finite, total_notfinite=state.total_notfinite + (~finite),
             inner_state=(parts[0], new_inner) if clip else new_inner)
     return optax.GradientTransformation(reference.init, update)
+
 
 # %% ../nbs/04_train.ipynb #0770f991
 def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
