@@ -98,8 +98,10 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
     tok = TokenizerConfig(auto_vocab_size=args.auto_vocab_size,
                           **{k.replace("tokenizer_", ""): v for k, v in _given(args, TOKENIZER_FLAGS).items()})
     train = _given(args, TRAIN_FLAGS)
-    if "epochs" in train and "max_steps" not in train:
-        train["max_steps"] = None  # --epochs alone: the epochs decide the length
+    if ("epochs" in train or "time_budget" in train) and "max_steps" not in train:
+        train["max_steps"] = None  # --epochs or --time-budget alone: they decide the length
+    if "time_budget" in train:
+        train.setdefault("lr_schedule", "wsd")  # the schedule whose decay the clock can start
     train = TrainConfig(**{**saved.get("train", {}), **train})
     model = _model_overrides(args)
     _check_size_flags(args)

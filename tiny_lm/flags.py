@@ -18,9 +18,20 @@ from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['DATA_FLAGS', 'TOKENIZER_FLAGS', 'MODEL_FLAGS', 'SHAPE_FLAGS', 'TRAIN_FLAGS', 'MODEL_RENAMES', 'EXPORT_FORMATS',
-           'FLAG_RANGES', 'EXAMPLES', 'Range', 'at_least', 'check_ranges', 'given_flags', 'build_parser']
+           'FLAG_RANGES', 'EXAMPLES', 'duration', 'Range', 'at_least', 'check_ranges', 'given_flags', 'build_parser']
 
 # %% ../nbs/08c_flags.ipynb #6821e5af
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+def duration(text: str) -> float:
+    "Seconds in a duration flag: a number with a unit, 90s, 45m or 1.5h (a bare number is minutes)."
+    unit = text.strip()[-1:].lower()
+    try:
+        return float(text.strip()[:-1] if unit in _UNITS else text) * _UNITS.get(unit, 60)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give a number with a unit, as 90s, 45m or "
+                                         "1.5h") from None
+
 DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "split": str, "val_split": str,
                "max_train_examples": int, "max_val_examples": int, "stride": int, "shuffle_buffer_size": int,
                "num_workers": int}
@@ -33,7 +44,7 @@ TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_
                 "eval_batches": int, "log_every": int, "save_every": int, "seed": int, "max_skipped_steps": int,
                 "save_every_minutes": float, "keep_checkpoints": int,
                 "steps_per_call": int, "remat": str, "optimizer": str, "muon_learning_rate": float,
-                "lr_schedule": str, "decay_fraction": float}
+                "lr_schedule": str, "decay_fraction": float, "time_budget": duration}
 MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads": "n_kv_head"}
 
 # %% ../nbs/08c_flags.ipynb #d2ba7a78
@@ -77,6 +88,10 @@ _HELP = {
     "lr_schedule": "cosine: warm-up, then a cosine to the end rate; wsd: warm-up, the peak held, then a straight line "
                    "to the end rate over the last --decay-fraction of the run (default: cosine)",
     "decay_fraction": "--lr-schedule wsd: the share of the run, at its end, spent decaying (default: 0.5)",
+    "time_budget": "train until this much wall time is spent (90s, 45m, 1.5h; a bare number is minutes), "
+                   "evaluation and the last save included: the wsd decay starts by the clock, --decay-fraction "
+                   "of the budget before its end; --max-steps and --epochs, if given, still cap the run (default: "
+                   "none, the run ends by steps)",
     "steps_per_call": "optimizer steps per compiled call (one scan over that many batches): fewer launches for a "
                       "small model on an accelerator; logging, evaluation, checkpoints and Ctrl-C/SIGTERM take "
                       "effect at the end of a call (default: the --profile's: 1 on a CPU, up to 10 for small models "
@@ -402,6 +417,7 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
     "shuffle_buffer_size": at_least(1, "1 disables shuffling"), "lora_rank": at_least(1, "8 or 16 is usual"),
     **dict.fromkeys(["lora_alpha", "learning_rate", "muon_learning_rate", "epochs"],
                     Range(lambda value: value > 0, "more than 0")),
+    "time_budget": Range(lambda value: value > 0, "more than 0", "45m trains for 45 minutes"),
     "decay_fraction": Range(lambda value: 0 < value <= 1, "in (0, 1]", "0.5 decays over the second half"),
     "max_steps": at_least(1, "the run trains that many optimizer steps"),
     "dropout_rate": Range(lambda value: 0 <= value < 1, "in [0, 1)", "0.1 is usual, 0 turns dropout off"),

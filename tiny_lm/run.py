@@ -553,8 +553,10 @@ def _schedule_run(t: Trainer, s: RunState) -> None:
     if s.resume_from is None:
         s.config["schedule"] = new_schedule(s.train_cfg, s.total_steps)  # what init_model gave the optimizer
         return
-    s.config["schedule"] = continue_schedule(_saved_schedule(s.saved, s.total_steps), s.train_cfg, s.start,
-                                             s.total_steps)
+    saved = _saved_schedule(s.saved, s.total_steps)
+    if s.train_cfg.time_budget and saved["segments"][-1].get("by_clock"):  # its clock had decided the length
+        s.total_steps = saved["total_steps"]
+    s.config["schedule"] = continue_schedule(saved, s.train_cfg, s.start, s.total_steps)
     set_schedule(s.optimizer, s.train_cfg, s.config["schedule"])
 
 # %% ../nbs/08a_run.ipynb #9ca6b251
@@ -595,16 +597,24 @@ def _describe_run(t: Trainer, s: RunState) -> None:
     t.say(f"compute: {cfg.dtype} (parameters {cfg.param_dtype}) | {describe_attention(cfg)}")
 
 # %% ../nbs/08a_run.ipynb #af687898
+def _budget_left(s: RunState) -> TrainConfig:
+    "The training settings `fit` gets: a time budget counts from the start of the run (the tokenizer, the data)."
+    if not s.train_cfg.time_budget:
+        return s.train_cfg
+    return replace(s.train_cfg, time_budget=max(1.0, s.train_cfg.time_budget - (time.perf_counter() - s.started)))
+
 def _train(t: Trainer, s: RunState):
     "The loop (04_train's `fit`) from the start step; a stop by signal or error still finishes the copies in flight."
     main, out = is_main_process(), t.output_dir
     try:
         try:
-            return fit(s.model, s.optimizer, s.data.batches, s.train_cfg, s.total_steps, val_batches=s.data.val_batches,
-                       start_step=s.start, put=batch_put(s.mesh), val_put=global_put(s.mesh), checkpoint=s.ckpt,
-                       progress=t.run.progress and main, log=t.say, output_dir=out if main else None,
-                       peak=peak_flops(s.model_cfg.dtype), on_eval=_eval_sampler(t, s.tokenizer),
-                       schedule=s.config["schedule"])
+            run = fit(s.model, s.optimizer, s.data.batches, _budget_left(s), s.total_steps,
+                      val_batches=s.data.val_batches, start_step=s.start, put=batch_put(s.mesh),
+                      val_put=global_put(s.mesh), checkpoint=s.ckpt, progress=t.run.progress and main, log=t.say,
+                      output_dir=out if main else None, peak=peak_flops(s.model_cfg.dtype),
+                      on_eval=_eval_sampler(t, s.tokenizer), schedule=s.config["schedule"])
+            s.total_steps = s.config["schedule"]["total_steps"]  # a time budget's clock may have decided it
+            return run
         finally:
             s.ckpt.wait()
             if isinstance(s.data.batches, StreamingBatches):
@@ -652,7 +662,10 @@ def _summarize(t: Trainer, s: RunState, run) -> dict:
     summary["final_val_bpb"] = scored["bits_per_byte"]
     summary |= {"trainable_params": count_params(s.model, s.optimizer.wrt), "init_from": s.config.get("init_from"),
                 "mesh": dict(s.mesh.shape), "effective_batch_size": s.config["global_batch_size"] * accum,
-                "profile": asdict(t.profile) if t.profile else None}
+                "profile": asdict(t.profile) if t.profile else None, "time_budget": s.train_cfg.time_budget,
+                "decay_start": run.decay_start}
+    if s.train_cfg.time_budget:  # how close the run landed: its whole wall time, the last evaluation and save included
+        summary["budget_used"] = (time.perf_counter() - s.started) / s.train_cfg.time_budget
     if t.run.merge_lora:
         summary["merged_model"] = _write_merged(s.model, s.config, s.tokenizer, t.output_dir, s.total_steps)
     return summary

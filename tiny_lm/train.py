@@ -32,13 +32,16 @@ from .show import LivePlot, in_notebook, plot_losses
 from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'SCHEDULES', 'CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig',
-           'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule', 'decay_mask',
-           'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn',
+__all__ = ['BUDGET_STEPS', 'OPTIMIZERS', 'SCHEDULES', 'CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE',
+           'TrainConfig', 'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule',
+           'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn',
            'chunked_cross_entropy', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache',
-           'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted', 'stop_signals', 'fit']
+           'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted', 'stop_signals', 'decay_from', 'decay_steps_left',
+           'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
+BUDGET_STEPS = 10**9  # the length of a run with a time budget and no other end, until its clock decides it
+
 @dataclass(frozen=True)
 class TrainConfig:
     "Optimization and loop settings."
@@ -72,6 +75,8 @@ class TrainConfig:
     # cosine: warm-up, then a cosine to the end rate; wsd: warm-up, the peak held, then a straight line to the end rate
     lr_schedule: str = "cosine"
     decay_fraction: float = 0.5  # wsd: the share of the run spent decaying, at its end
+    # seconds of wall time: train until they are spent, the wsd decay started by the clock (`fit`); None: by steps
+    time_budget: float | None = None
 
     def __post_init__(self):
         _check_train_config(self)
@@ -79,7 +84,7 @@ class TrainConfig:
     def total_steps(self, steps_per_epoch: float) -> int:
         "Optimizer steps in the run, given how many steps one epoch takes."
         by_epochs = math.ceil(self.epochs * steps_per_epoch) if self.epochs is not None else None
-        return min(s for s in (self.max_steps, by_epochs) if s is not None)
+        return min((s for s in (self.max_steps, by_epochs) if s is not None), default=BUDGET_STEPS)
 
     def to_dict(self) -> dict:
         "Plain JSON types."
@@ -97,8 +102,8 @@ SCHEDULES = ("cosine", "wsd")  # TrainConfig.lr_schedule
 
 def _check_train_config(cfg: TrainConfig) -> None:
     "Every setting in range, with the flag to change and what it must be."
-    if cfg.max_steps is None and cfg.epochs is None:
-        raise TinyLMError("give --max-steps or --epochs: a run needs an end")
+    if cfg.max_steps is None and cfg.epochs is None and cfg.time_budget is None:
+        raise TinyLMError("give --max-steps, --epochs or --time-budget: a run needs an end")
     for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every",
                  "save_every", "max_skipped_steps", "keep_checkpoints", "steps_per_call"):
         if getattr(cfg, name) < 1:
@@ -123,6 +128,9 @@ def _check_recipe(cfg: TrainConfig) -> None:
     if cfg.learning_rate <= 0 or cfg.muon_learning_rate <= 0:
         raise TinyLMError(f"--learning-rate and --muon-learning-rate must be positive, got {cfg.learning_rate} "
                           f"and {cfg.muon_learning_rate}")
+    if cfg.time_budget is not None and (not cfg.time_budget > 0 or cfg.lr_schedule != "wsd"):
+        raise TinyLMError(f"--time-budget must be more than 0 with --lr-schedule wsd (the decay starts by the clock), "
+                          f"got {cfg.time_budget} s with {cfg.lr_schedule}")
     if not 0 < cfg.decay_fraction <= 1:
         raise TinyLMError(f"--decay-fraction must be in (0, 1], got {cfg.decay_fraction}: the share of the run "
                           "spent decaying (0.5: the second half)")
@@ -437,6 +445,9 @@ class TrainLog:
     outside: float = 0.0  # seconds of host work outside the compiled step (data, transfers, metrics)
     eval_seconds: float = 0.0  # seconds spent evaluating and checkpointing
     compile_seconds: float = 0.0  # the first step's call: tracing and compiling
+    compiling: bool = True  # the next call traces and compiles (the first; and the one after the decay is decided)
+    longest_pause: float = 0.0  # the longest evaluation and checkpoint between two calls, in seconds
+    decay_start: int | None = None  # a time budget's run: the step its clock started the decay at
 
     @property
     def data_wait_fraction(self) -> float:
@@ -543,8 +554,8 @@ def _reporting(model: Transformer, start_step: int, peak: float | None, output_d
     run = TrainLog(tokens_per_step=0, start_step=start_step, flops_per_token=flops_per_token(model.cfg),
                    peak_flops=peak if peak is not None else peak_flops(model.cfg.dtype))
     metrics_path = Path(output_dir) / "metrics.jsonl" if output_dir is not None else None
-    bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=None if total_steps == BUDGET_STEPS else total_steps, initial=start_step, desc="train",
+               unit="step", disable=not progress, dynamic_ncols=True)
     live = LivePlot() if (progress and in_notebook() if live_plot is None else live_plot) else None
     return run, metrics_path, bar, live
 
@@ -556,7 +567,8 @@ def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable,
     batches_BT = [put(batch) for batch in batches]
     called = time.perf_counter()
     state, metrics = train_step(state, batches_BT[0] if steps_per_call == 1 else tuple(batches_BT))
-    if run.steps == 0 or steps != steps_per_call:  # the first call (and a last, shorter one) traces and compiles
+    if run.compiling or steps != steps_per_call:  # the first call (and a last, shorter one) traces and compiles
+        run.compiling = False
         run.compile_seconds += time.perf_counter() - called
         run.eval_seconds += time.perf_counter() - called  # out of the rates, like evaluation
         run.tokens_per_step = batches_BT[0].shape[0] * seq_len
@@ -597,6 +609,7 @@ def _paused(run: TrainLog, metrics: dict):
     paused = time.perf_counter()
     yield
     run.eval_seconds += time.perf_counter() - paused
+    run.longest_pause = max(run.longest_pause, time.perf_counter() - paused)
 
 # %% ../nbs/04_train.ipynb #030e254c
 def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_path: Path | None, say: Callable,
@@ -630,6 +643,54 @@ def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
         plot_losses(metrics_path, stale_only=True)
     return run
 
+# %% ../nbs/04_train.ipynb #2123b1ab
+def decay_from(schedule: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
+    ("`schedule` up to step `start`, then a straight line from the rate in force there to the end rate at the last "
+     "update of a run of `total_steps`: the decay a time budget decides.")
+    rate, end = float(schedule_fn(schedule)(start)), cfg.learning_rate * cfg.min_lr_ratio
+    segment = dict(start=start, start_lr=rate, warmup_steps=0, peak_lr=rate, end_lr=end, total_steps=total_steps,
+                   shape="wsd", decay_steps=total_steps - start, by_clock=True)
+    kept = [s for s in schedule["segments"] if s["start"] < start]
+    return dict(schedule, total_steps=total_steps, end_lr=end, segments=[*kept, segment])
+
+def decay_steps_left(run: TrainLog, cfg: TrainConfig) -> int | None:
+    ("After a call of a run with a time budget: None while the peak holds, else the steps (whole calls, at least one) "
+     "that what is left of the budget fits, keeping back the last evaluation and save (the longest pause seen, or "
+     "a compile if longer) and the compile of the decaying step.")
+    if len(run.history) < 2:  # no steady step time yet
+        return None
+    now = time.perf_counter() - run.started
+    left = cfg.time_budget - now - max(run.longest_pause, run.compile_seconds) - run.compile_seconds
+    if left > cfg.decay_fraction * cfg.time_budget:
+        return None
+    calls = int(left * run.tokens_per_sec / run.tokens_per_step) // cfg.steps_per_call
+    return cfg.steps_per_call * max(1, calls)
+
+def _agreed(steps: int | None) -> int | None:
+    "The same decision on every process: the decay starts where it does on any, with the fewest steps any gives."
+    if jax.process_count() == 1:
+        return steps
+    decide, fewest = _on_any_process(steps is not None, -(BUDGET_STEPS if steps is None else steps))
+    return -fewest if decide else None
+
+def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict) -> int | None:
+    "The steps of the decay, at the call where a run with a time budget starts it; else None."
+    if not cfg.time_budget or schedule["segments"][-1].get("by_clock"):  # no budget, or the decay decided already
+        return None
+    return _agreed(decay_steps_left(run, cfg))
+
+def _decay_now(model: Transformer, optimizer: nnx.Optimizer, state, cfg: TrainConfig, schedule: dict, done: int,
+               total_steps: int, run: TrainLog, bar):
+    "Start the decay at step `done` to end at `total_steps`: the schedule rewritten in place, the step compiled anew."
+    nnx.update((model, optimizer), state)
+    schedule.update(decay_from(schedule, cfg, done, total_steps))  # the checkpoints from now on record it
+    set_schedule(optimizer, cfg, schedule)
+    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed,
+                                        cfg.steps_per_call, remat=cfg.remat)
+    run.decay_start, run.compiling, bar.total = done, True, total_steps
+    bar.refresh()
+    return train_step, state, schedule_fn(schedule), total_steps
+
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
     model: Transformer, optimizer: nnx.Optimizer, batches, cfg: TrainConfig, total_steps: int,
@@ -646,14 +707,16 @@ def fit(
     # redraw the loss plot below the cell as training runs (None: in a notebook, with `progress`)
     live_plot: bool | None = None,
     on_eval: Callable[[int, Transformer], None] | None = None,  # called as on_eval(step, model) after each evaluation
-    schedule: dict | None = None,  # the optimizer's schedule, for the logged rates (default: a new run's)
+    # the optimizer's schedule, for the logged rates (default: a new run's); a time budget writes its decay into it
+    schedule: dict | None = None,
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K = cfg.steps_per_call
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K,
                                          remat=cfg.remat)
     eval_step, val_put = make_eval_step(model, optimizer), val_put or put
-    rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
+    schedule = schedule or new_schedule(cfg, total_steps)
+    rates = schedule_fn(schedule)
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
     loader = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K))
     done, last_save = start_step, time.monotonic()  # `done`: the steps completed
@@ -674,6 +737,9 @@ def fit(
                         last_save = _save(checkpoint, done, model, optimizer, state, data_state, run)
                 if stop:
                     raise Interrupted(stop, done, saving)
+                if (n := _decay_due(run, cfg, schedule)) is not None:
+                    train_step, state, rates, total_steps = _decay_now(model, optimizer, state, cfg, schedule, done,
+                                                                       done + n, run, bar)
         finally:  # donated buffers: the objects must get the live state back, even after an exception
             loader.close()
             bar.close()
