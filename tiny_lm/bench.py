@@ -110,13 +110,14 @@ def bench_train(cfg: ModelConfig, batch_size: int = 16, gradient_accumulation_st
                 trace: str | Path | None = None,  # also profile 10 more steps into this folder
                 remat: str = "none",  # what the backward pass recomputes (TrainConfig.remat)
                 memory: bool = True,  # also XLA's temporary memory of the compiled step (it compiles once more)
+                optimizer: str = "adamw",  # TrainConfig.optimizer: muon adds its Newton–Schulz iterations to the step
                 ) -> dict:
     "Train `cfg` on random tokens through the real loop: tokens/s, step time, MFU, compile time, host share."
     device_mesh = run_mesh(mesh, cfg, batch_size)
     log_every = max(1, steps // 10 // steps_per_call) * steps_per_call  # every interval: whole calls
     train_cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
                             max_steps=steps + log_every, warmup_steps=10, log_every=log_every,
-                            steps_per_call=steps_per_call, remat=remat)
+                            steps_per_call=steps_per_call, remat=remat, optimizer=optimizer)
     batches = _random_batches(cfg, batch_size, gradient_accumulation_steps)
     model, optimizer = sharded_init(lambda: init_model(cfg, train_cfg, train_cfg.max_steps), device_mesh)
     run = fit(model, optimizer, batches, train_cfg, train_cfg.max_steps, put=batch_put(device_mesh), progress=False)
@@ -131,7 +132,7 @@ def bench_train(cfg: ModelConfig, batch_size: int = 16, gradient_accumulation_st
               "device": {k: v for k, v in device_info().items() if k != "devices"},
               "config": {**cfg.to_dict(), "batch_size": batch_size,
                          "gradient_accumulation_steps": gradient_accumulation_steps, "steps_per_call": steps_per_call,
-                         "remat": remat}}
+                         "remat": remat, "optimizer": optimizer}}
     if memory:
         result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, train_cfg, device_mesh)
     if trace:

@@ -367,7 +367,7 @@ def run_bench(args) -> dict:
         _check_size_flags(args)
         cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
         result = bench_train(cfg, args.batch_size, args.gradient_accumulation_steps, args.steps, args.steps_per_call,
-                             args.mesh, trace=args.trace, remat=args.remat)
+                             args.mesh, trace=args.trace, remat=args.remat, optimizer=args.optimizer)
     else:
         split_cpu(args.cpu_devices or 1)
         result = bench_generate(args.checkpoint, args.prompt, args.max_tokens, args.temperature, args.top_k,

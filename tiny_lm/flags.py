@@ -376,6 +376,8 @@ def _bench_train_parser(kinds) -> None:
                    "that many batches (default: 1)")
     t.add_argument("--remat", default="none", help="what the backward pass recomputes instead of keeping: none, "
                    "block or dots, as tiny-lm train --remat (default: none)")
+    t.add_argument("--optimizer", default="adamw", help="adamw or muon, as tiny-lm train --optimizer: muon adds its "
+                   "Newton–Schulz iterations to every step (default: adamw)")
     _mesh_flags(t, "as tiny-lm train chooses: replicated if the memory estimate fits")
     t.add_argument("--steps", type=int, default=300,
                    help="training steps to time, after the first (compiling) interval (default: 300)")

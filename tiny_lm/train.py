@@ -645,10 +645,11 @@ def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
 
 # %% ../nbs/04_train.ipynb #2123b1ab
 def decay_from(schedule: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
-    ("`schedule` up to step `start`, then a straight line from the rate in force there to the end rate at the last "
-     "update of a run of `total_steps`: the decay a time budget decides.")
+    ("`schedule` up to step `start`, then a straight line down from the rate in force there, a step of "
+     "`(rate - end) / n` each of the `n` updates left, to the end rate at the last: the decay a time budget decides.")
     rate, end = float(schedule_fn(schedule)(start)), cfg.learning_rate * cfg.min_lr_ratio
-    segment = dict(start=start, start_lr=rate, warmup_steps=0, peak_lr=rate, end_lr=end, total_steps=total_steps,
+    first = rate - (rate - end) / (total_steps - start)
+    segment = dict(start=start, start_lr=first, warmup_steps=0, peak_lr=first, end_lr=end, total_steps=total_steps,
                    shape="wsd", decay_steps=total_steps - start, by_clock=True)
     kept = [s for s in schedule["segments"] if s["start"] < start]
     return dict(schedule, total_steps=total_steps, end_lr=end, segments=[*kept, segment])
