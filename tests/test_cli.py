@@ -84,6 +84,11 @@ def test_another_architecture_is_refused_naming_each_field_and_nothing_changes(t
         f"tiny_lm.errors.TinyLMError: cannot continue {out} with another architecture: {changes}: leave the model "
         "settings out to continue it, or pass another output_dir (or overwrite=True) to start a new run"), r.stderr
     assert digest() == before
+    r = tiny_lm("train", "--output-dir", str(out), "--optimizer", "muon")  # the optimizer's state does not convert
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"error: {out} was trained with --optimizer adamw, not muon: leave --optimizer out to continue it, or pass "
+        "another --output-dir (or --overwrite) to start a new run"), r.stderr
+    assert digest() == before
 
 
 def test_generate_prints_text(trained):
@@ -170,6 +175,12 @@ BAD_INPUT = {
     "cpu devices": (["--cpu-devices", "0"], "--cpu-devices must be at least 1"),
     "unknown profile": (["--profile", "a100"], "invalid choice: 'a100'"),
     "negative sample length": (["--sample-tokens", "-1"], "--sample-tokens must be 0 or more, got -1"),
+    "unknown optimizer": (["--optimizer", "sgd"], "--optimizer 'sgd' is unknown: choose one of adamw, muon"),
+    "unknown schedule": (["--lr-schedule", "linear"], "--lr-schedule 'linear' is unknown: choose one of cosine, wsd"),
+    "decay fraction": (["--decay-fraction", "0"], "--decay-fraction must be in (0, 1], got 0.0"),
+    "not a duration": (["--time-budget", "soon"], "'soon' is not a duration: give a number with a unit"),
+    "empty budget": (["--time-budget", "0m"], "--time-budget must be more than 0, got 0.0"),
+    "budget with cosine": (["--time-budget", "5m", "--lr-schedule", "cosine"], "with --lr-schedule wsd"),
 }
 
 def make_bad_files(tmp_path) -> dict:
