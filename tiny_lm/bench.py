@@ -132,7 +132,7 @@ def bench_train(cfg: ModelConfig, batch_size: int = 16, gradient_accumulation_st
               "device": {k: v for k, v in device_info().items() if k != "devices"},
               "config": {**cfg.to_dict(), "batch_size": batch_size,
                          "gradient_accumulation_steps": gradient_accumulation_steps, "steps_per_call": steps_per_call,
-                         "remat": remat, "optimizer": optimizer}}
+                         "remat": remat, "optimizer": train_cfg.optimizer}}
     if memory:
         result["step_temp_bytes"] = _step_temp_bytes(model, optimizer, batches, train_cfg, device_mesh)
     if trace:
