@@ -85,6 +85,7 @@ class ModelConfig:
 
 # %% ../nbs/01_model.ipynb #3c06bdba
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
 def _relu2(x: jax.Array) -> jax.Array:
     "ReLU²: `relu(x)²`, the MLP non-linearity of modded-nanogpt and nanochat."
     return jnp.square(jax.nn.relu(x))
