@@ -365,6 +365,30 @@ FINETUNE = ["--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body
             "--eval-every", "3", "--save-every", "3", "--no-progress"]
 
 
+def test_speedrun_switches_train_continue_generate_fine_tune_and_export(tmp_path):
+    """QK-norm, ReLU², zero-init, an untied head and a soft-cap: recorded, kept by a continued run given none of the
+    flags, sampled from, fine-tuned with LoRA; the export refuses the soft-cap in one line."""
+    out, switches = tmp_path / "o", ["--qk-norm", "--zero-init", "--untied-head", "--no-swiglu", "--activation", "relu2",
+                                     "--logit-softcap", "15"]
+    r = tiny_lm("train", *SMALL, *switches, "--max-steps", "4", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "parameters, --no-swiglu, --activation relu2, --qk-norm, --zero-init, --untied-head, --logit-softcap 15 |" in r.stdout
+    recorded = json.loads((out / "model_config.json").read_text())
+    assert {k: recorded[k] for k in ("qk_norm", "zero_init", "tie_embeddings", "use_swiglu", "activation", "logit_softcap")} == {
+        "qk_norm": True, "zero_init": True, "tie_embeddings": False, "use_swiglu": False, "activation": "relu2", "logit_softcap": 15.0}
+    r = tiny_lm("train", "--resume-from", str(out), "--output-dir", str(out), "--max-steps", "6", "--no-progress", "--sample-tokens", "0")
+    assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
+    assert json.loads((out / "model_config.json").read_text()) == recorded
+    g = tiny_lm("generate", "--checkpoint", str(out), "--prompt", "KING", "--max-tokens", "5")
+    assert g.returncode == 0 and g.stdout.startswith("KING"), g.stderr
+    r = tiny_lm("train", "--init-from", str(out), "--use-lora", "--lora-rank", "2", *FINETUNE, "--max-steps", "2",
+                "--output-dir", str(tmp_path / "lora"))
+    assert r.returncode == 0 and "with LoRA rank 2" in r.stdout, r.stderr
+    e = tiny_lm("export", "--checkpoint", str(out), "--out", str(tmp_path / "hf"))
+    assert e.returncode == 2 and e.stderr.strip().endswith("retrain without it (drop --logit-softcap)"), e.stderr
+    assert not (tmp_path / "hf").exists()
+
+
 @pytest.mark.parametrize("case", ["dims", "tokenizer", "same folder", "rank 0", "rank too big", "alpha", "both init and resume"])
 def test_bad_fine_tuning_flags(trained, tmp_path, capsys, case):
     """Each is refused in one line, exit 2, before anything is written (base run and new folder untouched)."""

@@ -1,5 +1,6 @@
 """The Hugging Face export against `transformers` itself: logits, greedy generation, LoRA, tokenizer, RoPE, refusals."""
 import json
+import re
 
 import jax
 import numpy as np
@@ -133,6 +134,27 @@ def test_untied_embeddings_and_other_shapes(runs, tmp_path):
     assert diff < TOLERANCE
 
 
+@pytest.mark.parametrize("name,switches", [
+    ("qwen3", dict(qk_norm=True)),  # tied
+    ("qwen3", dict(qk_norm=True, tie_embeddings=False, zero_init=True)),
+    ("arcee", dict(use_swiglu=False, activation="relu2", tie_embeddings=False)),
+    ("arcee", dict(use_swiglu=False, activation="gelu")),  # jax.nn.gelu is transformers' gelu_pytorch_tanh
+    ("llama", dict(tie_embeddings=False, zero_init=True))])
+def test_switches_match_their_transformers_class(runs, tmp_path, name, switches):
+    """QK-norm exports as Qwen3, a two-matrix MLP as Arcee, an untied zero-initialised head as Llama: the same logits
+    (every parameter perturbed, so the zero-initialised ones and the QK-norm scales carry signal)."""
+    tok = load_checkpoint(runs / "base")[1]
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), seq_len=32, d_model=48, n_layer=2, n_head=6, n_kv_head=3, **switches)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(2)
+    nnx.update(model, jax.tree.map(lambda x: x + rng.normal(0, 0.1, x.shape).astype(np.float32), nnx.state(model)))
+    hf_model, _ = load_hf(save_hf(model, tok, tmp_path / "hf"))
+    assert hf_model.config.model_type == name and hf_model.config.tie_word_embeddings == cfg.tie_embeddings
+    diff = max(max_logit_diff(model, hf_model, ids) for ids in prompts(cfg, seed=2))
+    print(f"\n{name} {switches}: max |logits tiny_lm - transformers| = {diff:.2e}")
+    assert diff < TOLERANCE
+
+
 def test_rope_pairing_is_transformers(runs):
     """tiny_lm's apply_rope is transformers' apply_rotary_pos_emb with the exported config's angles: no permutation."""
     config = transformers.AutoConfig.from_pretrained(runs / "hf_base")
@@ -157,17 +179,19 @@ def test_tokenizer_round_trip(runs):
         assert hf_tok.decode(ids) == text
 
 
-@pytest.mark.parametrize("switch,flag", [("use_rmsnorm", "--no-rmsnorm"), ("use_rope", "--no-rope"), ("use_swiglu", "--no-swiglu")])
-def test_refuses_what_llama_cannot_express(runs, tmp_path, switch, flag):
+@pytest.mark.parametrize("switches,flag", [(dict(use_rmsnorm=False), "--no-rmsnorm"), (dict(use_rope=False), "--no-rope"),
+                                           (dict(logit_softcap=15.0), "--logit-softcap"),
+                                           (dict(qk_norm=True, use_swiglu=False), "--qk-norm or --no-swiglu")])
+def test_refuses_what_no_class_can_express(runs, tmp_path, switches, flag):
     """One line naming the part and the fix, before the weights are read (here they are gone) and before anything is written."""
     tok = load_checkpoint(runs / "base")[1]
-    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), seq_len=32, d_model=32, n_layer=1, n_head=2, **{switch: False})
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), seq_len=32, d_model=32, n_layer=1, n_head=2, **switches)
     run = save_run(tmp_path / "run", Transformer(cfg, rngs=nnx.Rngs(0)), tok)
     for f in (run / "checkpoint_step_1" / "model").rglob("*"):
         if f.is_file():
             f.write_bytes(b"")
     before = snapshot(tmp_path)
-    with pytest.raises(TinyLMError, match=f"cannot express: retrain with .* \\(drop {flag}\\)") as e:
+    with pytest.raises(TinyLMError, match=f"^cannot export .*: retrain with.* \\(drop {re.escape(flag)}\\)$") as e:
         export_hf(run, tmp_path / "hf")
     assert "\n" not in str(e.value)
     assert snapshot(tmp_path) == before

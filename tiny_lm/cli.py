@@ -66,8 +66,9 @@ def _model_overrides(args) -> dict:
     "The ModelConfig fields the flags set explicitly (dimensions, switches, kernel, precision, LoRA)."
     over = {MODEL_RENAMES.get(k, k): v for k, v in _given(args, MODEL_FLAGS).items()}
     flag = lambda name: getattr(args, name, False)  # `tiny-lm size` has no switches
-    switches = dict(use_rmsnorm=not flag("no_rmsnorm"), use_swiglu=not flag("no_swiglu"), use_rope=not flag("no_rope"))
-    over |= {k: v for k, v in switches.items() if v is False}
+    switches = dict(use_rmsnorm=not flag("no_rmsnorm"), use_swiglu=not flag("no_swiglu"), use_rope=not flag("no_rope"),
+                    tie_embeddings=not flag("untied_head"), qk_norm=flag("qk_norm"), zero_init=flag("zero_init"))
+    over |= {k: v for k, v in switches.items() if v != getattr(ModelConfig, k)}  # only those that change a default
     if flag("no_flash_attention"):
         over["attention"] = "xla"
     if dtype := _precision(args):
@@ -81,7 +82,8 @@ def model_from_args(args, vocab_size: int, base: ModelConfig | None = None, **fi
     over = _model_overrides(args)
     if base is None and args.target_params is not None:
         seq_len = args.seq_len or PRESETS["tiny"]["seq_len"]
-        switches = {k: v for k, v in over.items() if k.startswith("use_") or k == "n_kv_head"}
+        counted = ("n_kv_head", "tie_embeddings", "qk_norm")  # the switches that change the parameter count
+        switches = {k: v for k, v in over.items() if k.startswith("use_") or k in counted}
         base = target_config(args.target_params, vocab_size, seq_len, prefer_depth=args.prefer_depth, **switches)
     base = base or preset_config(args.model_preset or "tiny", vocab_size)
     derived = {"d_ff": "d_model", "n_kv_head": "n_head"}  # --d-model 256 alone: SwiGLU's 8/3 · 256, not the preset's
@@ -106,7 +108,8 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
     model = _model_overrides(args)
     _check_size_flags(args)
     _check_lora_flags(args, saved)
-    ModelConfig(**{k: v for k, v in model.items() if k in ("dropout_rate", "dtype", "attention", "lora_alpha")})  # now
+    now = ("dropout_rate", "dtype", "attention", "lora_alpha", "activation", "logit_softcap")
+    ModelConfig(**{k: v for k, v in model.items() if k in now})  # checked now, before any slow work
     if saved:  # precision, dropout and the attention kernel may change on resume; the shapes and optimizer may not
         _check_resumed_model(args, saved)
         check_continued_optimizer(saved, train, args.resume_from or args.output_dir)
@@ -137,7 +140,7 @@ def _check_lora_flags(args, saved: dict) -> None:
 # %% ../nbs/09_cli.ipynb #0d73f0d9
 _FIXED_BY_BASE = ["model_preset", "target_params", "prefer_depth", *SHAPE_FLAGS, "seq_len", "activation", "no_rmsnorm",
                   "no_swiglu", "no_rope", "vocab_size", "min_vocab_size", "max_vocab_size", "auto_vocab_size",
-                  "tokenizer_path", "retrain_tokenizer"]
+                  "tokenizer_path", "retrain_tokenizer", "qk_norm", "zero_init", "untied_head", "logit_softcap"]
 
 def _init_from(args) -> tuple[Path, int, dict] | None:
     "The run `--init-from` names, as `(run folder, step, meta)`, once the flags that go with it are checked."

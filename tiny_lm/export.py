@@ -20,22 +20,32 @@ from .model import ModelConfig, Transformer, merge_lora
 from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
-__all__ = ['check_exportable', 'llama_weights', 'llama_config', 'save_hf', 'export_hf']
+__all__ = ['HF_CLASSES', 'HF_ACTIVATIONS', 'check_exportable', 'llama_weights', 'llama_config', 'save_hf', 'export_hf']
 
 # %% ../nbs/08_export.ipynb #cc959dd7
-_LLAMA_PARTS = [  # (switch, what the model has instead, the Llama part, the flag to drop)
+_LLAMA_PARTS = [  # (switch, what the model has instead, the part every exported class has, the flag to drop)
     ("use_rmsnorm", "LayerNorm", "RMSNorm", "--no-rmsnorm"),
     ("use_rope", "learned positions", "RoPE", "--no-rope"),
-    ("use_swiglu", "a non-SwiGLU MLP", "SwiGLU", "--no-swiglu"),
 ]
+HF_CLASSES = {  # (qk_norm, use_swiglu) -> the transformers class that computes what tiny_lm does, part for part
+    (False, True): "LlamaForCausalLM", (True, True): "Qwen3ForCausalLM", (False, False): "ArceeForCausalLM"}
 
-def check_exportable(cfg: ModelConfig) -> None:
-    "Raise a one-line `TinyLMError` when `cfg` uses a part the Llama layout cannot express."
+def check_exportable(cfg: ModelConfig) -> str:
+    "The transformers class that computes what `cfg` does; a one-line `TinyLMError` naming the part where none does."
     missing = [part for part in _LLAMA_PARTS if not getattr(cfg, part[0])]
     if missing:
         has, needs, flags = (" and ".join(p[i] for p in missing) for i in (1, 2, 3))
         raise TinyLMError(f"cannot export to the Llama layout: the model uses {has}, which Llama cannot express: "
                           f"retrain with {needs} (drop {flags})")
+    if cfg.logit_softcap:
+        raise TinyLMError(f"cannot export to Hugging Face: the model soft-caps its logits (--logit-softcap "
+                          f"{cfg.logit_softcap}), which no Llama-family class of transformers does: retrain without "
+                          "it (drop --logit-softcap)")
+    if (cfg.qk_norm, cfg.use_swiglu) not in HF_CLASSES:
+        raise TinyLMError("cannot export to Hugging Face: the model has QK-norm and a two-matrix MLP, which no "
+                          "transformers class has together (Qwen3 has QK-norm with SwiGLU, Arcee the two-matrix MLP "
+                          "without QK-norm): retrain without one of them (drop --qk-norm or --no-swiglu)")
+    return HF_CLASSES[cfg.qk_norm, cfg.use_swiglu]
 
 # %% ../nbs/08_export.ipynb #a93b3676
 def _f32(x, transpose: bool = False) -> np.ndarray:
@@ -43,20 +53,26 @@ def _f32(x, transpose: bool = False) -> np.ndarray:
     x = np.asarray(x[...], np.float32)
     return np.ascontiguousarray(x.T if transpose else x)
 
+def _layer_weights(block, H: int, G: int, K: int) -> dict[str, np.ndarray]:
+    "One block's tensors by their names inside `model.layers.i`: Llama's, with Qwen3's QK-norm or less Arcee's gate."
+    q_DHK, k_DGK, v_DGK = np.split(_f32(block.attn.qkv.kernel), [H * K, (H + G) * K], axis=1)
+    layer = {"input_layernorm": _f32(block.attn_norm.scale), "post_attention_layernorm": _f32(block.mlp_norm.scale),
+             "self_attn.q_proj": np.ascontiguousarray(q_DHK.T), "self_attn.k_proj": np.ascontiguousarray(k_DGK.T),
+             "self_attn.v_proj": np.ascontiguousarray(v_DGK.T), "self_attn.o_proj": _f32(block.attn.out.kernel, True),
+             "mlp.up_proj": _f32(block.mlp.up.kernel, True), "mlp.down_proj": _f32(block.mlp.down.kernel, True)}
+    if block.mlp.gate is not None:
+        layer["mlp.gate_proj"] = _f32(block.mlp.gate.kernel, True)
+    if block.attn.q_norm is not None:  # Qwen3's names
+        layer |= {"self_attn.q_norm": _f32(block.attn.q_norm.scale), "self_attn.k_norm": _f32(block.attn.k_norm.scale)}
+    return layer
+
 def llama_weights(model: Transformer) -> dict[str, np.ndarray]:
-    "`model`'s parameters (LoRA adapters merged) under their Hugging Face Llama names, as float32 arrays."
+    """`model`'s parameters (LoRA adapters merged) under their Hugging Face names (Llama's; Qwen3 and Arcee name
+    the same parts the same way), as float32 arrays."""
     model = merge_lora(model) if model.cfg.lora_rank else model
-    H, G, K = model.cfg.n_head, model.cfg.n_kv_head, model.cfg.head_dim
     weights = {"model.embed_tokens.weight": _f32(model.embed.embedding), "model.norm.weight": _f32(model.norm.scale)}
     for i in range(model.cfg.n_layer):
-        block = model.layer(i)
-        q_DHK, k_DGK, v_DGK = np.split(_f32(block.attn.qkv.kernel), [H * K, (H + G) * K], axis=1)
-        layer = {"input_layernorm": _f32(block.attn_norm.scale), "post_attention_layernorm": _f32(block.mlp_norm.scale),
-                 "self_attn.q_proj": np.ascontiguousarray(q_DHK.T), "self_attn.k_proj": np.ascontiguousarray(k_DGK.T),
-                 "self_attn.v_proj": np.ascontiguousarray(v_DGK.T),
-                 "self_attn.o_proj": _f32(block.attn.out.kernel, True),
-                 "mlp.gate_proj": _f32(block.mlp.gate.kernel, True), "mlp.up_proj": _f32(block.mlp.up.kernel, True),
-                 "mlp.down_proj": _f32(block.mlp.down.kernel, True)}
+        layer = _layer_weights(model.layer(i), model.cfg.n_head, model.cfg.n_kv_head, model.cfg.head_dim)
         weights |= {f"model.layers.{i}.{name}.weight": w for name, w in layer.items()}
     if model.lm_head is not None:
         weights["lm_head.weight"] = _f32(model.lm_head.kernel, True)
@@ -68,16 +84,20 @@ def _end_of_text(tokenizer: Tokenizer) -> int | None:
     separator = document_separator(tokenizer)[0]
     return separator[0] if len(separator) == 1 and tokenizer.id_to_token(separator[0]) in END_OF_TEXT_TOKENS else None
 
+HF_ACTIVATIONS = {"gelu": "gelu_pytorch_tanh", "relu": "relu", "relu2": "relu2", "silu": "silu"}  # jax.nn.gelu: tanh
+
 def llama_config(model: Transformer, tokenizer: Tokenizer) -> dict:
-    "The `config.json` of a `LlamaForCausalLM` with `model`'s shape."
-    cfg, eot = model.cfg, _end_of_text(tokenizer)
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer,
-            "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
-            "hidden_act": "silu", "max_position_embeddings": cfg.seq_len, "rms_norm_eps": model.norm.epsilon,
-            "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+    "The `config.json` of the class `check_exportable` names (Llama, Qwen3 or Arcee) with `model`'s shape."
+    cfg, eot, architecture = model.cfg, _end_of_text(tokenizer), check_exportable(model.cfg)
+    qwen3 = {"use_sliding_window": False, "sliding_window": None} if cfg.qk_norm else {}
+    return {"architectures": [architecture], "model_type": architecture.removesuffix("ForCausalLM").lower(),
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
+            "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head,
+            "head_dim": cfg.head_dim, "hidden_act": "silu" if cfg.use_swiglu else HF_ACTIVATIONS[cfg.activation],
+            "max_position_embeddings": cfg.seq_len, "rms_norm_eps": model.norm.epsilon, "rope_theta": cfg.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
             "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
-            "torch_dtype": "float32", "bos_token_id": eot, "eos_token_id": eot}
+            "torch_dtype": "float32", "bos_token_id": eot, "eos_token_id": eot, **qwen3}
 
 def _tokenizer_files(tokenizer: Tokenizer, seq_len: int) -> dict[str, dict]:
     "`tokenizer_config.json`, `special_tokens_map.json` and `generation_config.json`."

@@ -37,7 +37,7 @@ DATA_FLAGS = {"dataset_id": str, "dataset_config": str, "text_column": str, "spl
                "num_workers": int}
 TOKENIZER_FLAGS = {"vocab_size": int, "min_vocab_size": int, "max_vocab_size": int, "tokenizer_train_examples": int}
 MODEL_FLAGS = {"d_model": int, "num_layers": int, "num_heads": int, "num_kv_heads": int, "d_ff": int, "seq_len": int,
-                "activation": str, "dropout_rate": float}
+                "activation": str, "dropout_rate": float, "logit_softcap": float}
 SHAPE_FLAGS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")  # what --target-params decides
 TRAIN_FLAGS = {"batch_size": int, "gradient_accumulation_steps": int, "learning_rate": float, "weight_decay": float,
                 "warmup_steps": int, "grad_clip": float, "max_steps": int, "epochs": float, "eval_every": int,
@@ -70,9 +70,12 @@ _HELP = {
     "num_kv_heads": "key/value heads for grouped-query attention; must divide --num-heads (default: --num-heads, "
                     "plain multi-head)",
     "d_ff": "MLP hidden width (default: the preset's)", "seq_len": "tokens of context (default: the preset's)",
-    "activation": "MLP activation: gelu, relu or silu (default: the preset's)",
+    "activation": "MLP activation with --no-swiglu: gelu, relu, relu2 (relu(x)², modded-nanogpt's and nanochat's) or "
+                  "silu (default: gelu)",
     "dropout_rate": "dropout on the embeddings and residual branches while training, in [0, 1); off in evaluation "
                     "and generation (default: 0)",
+    "logit_softcap": "soft-cap the logits to cap·tanh(logits / cap) in training, evaluation and generation; nanochat "
+                     "uses 15 (default: 0, off)",
     "batch_size": "sequences per micro-batch on each device, a CPU counting as one device (shared out over its cores); "
                   "the global batch is this × devices (default: the --profile's: 16 on a CPU, 32,768 tokens' worth "
                   "on a GPU or TPU)",
@@ -251,6 +254,12 @@ def _switch_flags(g, kernels: str = "") -> None:
                        ("swiglu", "a GELU/--activation MLP instead of SwiGLU"),
                        ("rope", "learned positions instead of RoPE"), ("flash-attention", flash)]:
         g.add_argument(f"--no-{flag}", action="store_true", help=f"use {what} (default: off)")
+    for flag, what in [("qk-norm", "normalize queries and keys over the head dimension (RMSNorm) before RoPE, as "
+                                   "nanochat and Qwen3"),
+                       ("zero-init", "start the output projections of attention and the MLP (and an untied head) at "
+                                     "zero, as modded-nanogpt"),
+                       ("untied-head", "give the output head a matrix of its own instead of the token embedding's")]:
+        g.add_argument(f"--{flag}", action="store_true", help=f"{what} (default: off)")
 
 def _precision_flags(g, default: str = "auto") -> None:
     g.add_argument("--precision", choices=["auto", *PRECISIONS], default=None, help="compute precision (parameters "
@@ -305,7 +314,8 @@ def _eval_parser(sub) -> None:
                    help="print one JSON object instead of a line of text (default: text)")
 
 # %% ../nbs/08c_flags.ipynb #953a951d
-EXPORT_FORMATS = {"hf": "a Hugging Face folder in the Llama layout (config.json, model.safetensors, tokenizer files)"}
+EXPORT_FORMATS = {"hf": "a Hugging Face folder in the Llama layout, Qwen3's with --qk-norm, Arcee's with --no-swiglu "
+                        "(config.json, model.safetensors, tokenizer files)"}
 
 def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="write a trained model in another library's format (hf: a Hugging Face Llama "
@@ -365,6 +375,7 @@ def _bench_train_parser(kinds) -> None:
     t = kinds.add_parser("train", help="tokens/s, step time, MFU and compile time of training steps on random tokens")
     _size_flags(t, shape=True)
     t.add_argument("--activation", default=None, help=_HELP["activation"])
+    t.add_argument("--logit-softcap", type=float, default=None, help=_HELP["logit_softcap"])
     _switch_flags(t)
     _precision_flags(t)
     t.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size of the random tokens (default: 4096)")
@@ -423,6 +434,7 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
     "decay_fraction": Range(lambda value: 0 < value <= 1, "in (0, 1]", "0.5 decays over the second half"),
     "max_steps": at_least(1, "the run trains that many optimizer steps"),
     "dropout_rate": Range(lambda value: 0 <= value < 1, "in [0, 1)", "0.1 is usual, 0 turns dropout off"),
+    "logit_softcap": at_least(0, "0 turns it off, nanochat uses 15"),
     "top_p": Range(lambda value: 0 < value <= 1, "in (0, 1]", "1 keeps every token, 0.9 is usual"),
     **dict.fromkeys(["train vocab_size", "train min_vocab_size", "train max_vocab_size", "bench data vocab_size"],
                     at_least(257, "a byte-level tokenizer needs 256 bytes + <|endoftext|>")),

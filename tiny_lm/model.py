@@ -38,9 +38,12 @@ class ModelConfig:
     use_rmsnorm: bool = True  # RMSNorm (True) or LayerNorm with bias (False)
     use_swiglu: bool = True  # SwiGLU MLP (True) or a two-matrix MLP with `activation` (False)
     use_rope: bool = True  # rotary embeddings on q and k (True) or learned absolute positions (False)
-    activation: str = "gelu"  # non-linearity of the two-matrix MLP: gelu, relu or silu
+    activation: str = "gelu"  # non-linearity of the two-matrix MLP: gelu, relu, relu2 (relu(x)²) or silu
     rope_theta: float = 10_000.0  # RoPE base wavelength
-    tie_embeddings: bool = True  # the output projection reuses the token embedding matrix
+    tie_embeddings: bool = True  # the output projection reuses the token embedding matrix (False: an untied head)
+    qk_norm: bool = False  # RMSNorm over the head dimension of q and k, before RoPE (nanochat, Qwen3)
+    zero_init: bool = False  # attention's and the MLP's output projections (and an untied head) start at zero
+    logit_softcap: float = 0.0  # logits = cap·tanh(logits / cap) when cap > 0 (nanochat: 15); 0: off
     dropout_rate: float = 0.0  # dropout on the embeddings and on each residual branch while training (0: none)
     attention: str = "auto"  # attention kernel: auto (the device's fastest), xla, cudnn or splash
     dtype: str = "float32"  # compute dtype: float32, or bfloat16 for mixed precision
@@ -52,6 +55,7 @@ class ModelConfig:
         _check_sizes(self)
         _check_choices(self)
         _check_regularizers(self)
+        _check_softcap(self)
         if self.n_kv_head is None:  # resolve the default so the saved config names the real count
             object.__setattr__(self, "n_kv_head", self.n_head)
         _check_kv_heads(self)
@@ -81,7 +85,12 @@ class ModelConfig:
 
 # %% ../nbs/01_model.ipynb #3c06bdba
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-_ACTIVATIONS = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "silu": jax.nn.silu}
+
+def _relu2(x: jax.Array) -> jax.Array:
+    "ReLU²: `relu(x)²`, the MLP non-linearity of modded-nanogpt and nanochat."
+    return jnp.square(jax.nn.relu(x))
+
+_ACTIVATIONS = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "relu2": _relu2, "silu": jax.nn.silu}
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "splash")
 
 def _check_sizes(cfg: ModelConfig) -> None:
@@ -112,6 +121,11 @@ def _check_regularizers(cfg: ModelConfig) -> None:
     if cfg.lora_alpha is not None and cfg.lora_alpha <= 0:
         raise TinyLMError(f"--lora-alpha must be positive, got {cfg.lora_alpha}")
 
+def _check_softcap(cfg: ModelConfig) -> None:
+    "A logit soft-cap of 0 (off) or more."
+    if not (cfg.logit_softcap >= 0 and math.isfinite(cfg.logit_softcap)):
+        raise TinyLMError(f"--logit-softcap must be 0 (off) or more, got {cfg.logit_softcap}: nanochat uses 15")
+
 def _check_kv_heads(cfg: ModelConfig) -> None:
     "Key/value heads that divide the query heads."
     if cfg.n_kv_head < 1 or cfg.n_head % cfg.n_kv_head:
@@ -123,11 +137,16 @@ def _init(std: float = 0.02):
     return nnx.initializers.normal(stddev=std)
 
 def _residual_init(cfg: ModelConfig):
-    return _init(0.02 / math.sqrt(2 * cfg.n_layer))
+    return nnx.initializers.zeros_init() if cfg.zero_init else _init(0.02 / math.sqrt(2 * cfg.n_layer))
 
 def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     kw = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype], rngs=rngs)
     return nnx.RMSNorm(cfg.d_model, **kw) if cfg.use_rmsnorm else nnx.LayerNorm(cfg.d_model, **kw)
+
+def _head_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.RMSNorm | None:
+    "QK-norm: an RMSNorm over one head's K channels, its scale shared by the heads (None: `qk_norm` off)."
+    kw = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype], rngs=rngs)
+    return nnx.RMSNorm(cfg.head_dim, **kw) if cfg.qk_norm else None
 
 # %% ../nbs/01_model.ipynb #056cee0e
 class Linear(nnx.Linear):
@@ -268,14 +287,17 @@ class Attention(nnx.Module):
         self.cfg = cfg
         self.qkv = Linear(cfg.d_model, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, cfg, rngs)
         self.out = Linear(cfg.d_model, cfg.d_model, cfg, rngs, init=_residual_init(cfg))
+        self.q_norm, self.k_norm = _head_norm(cfg, rngs), _head_norm(cfg, rngs)
 
     def heads(self, x_BTD: jax.Array,
               rope_TK: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        "Queries `[B, T, H, K]`, keys and values `[B, T, G, K]`, rotated when `rope_TK` is given."
+        "Queries `[B, T, H, K]`, keys and values `[B, T, G, K]`: q and k normalized (`qk_norm`), rotated (`rope_TK`)."
         B, T, _ = x_BTD.shape
         H, G = self.cfg.n_head, self.cfg.n_kv_head
         qkv_BTNK = self.qkv(x_BTD).reshape(B, T, H + 2 * G, self.cfg.head_dim)  # N = H + 2G heads
         q_BTHK, k_BTGK, v_BTGK = jnp.split(qkv_BTNK, [H, H + G], axis=2)
+        if self.q_norm is not None:  # QK-norm over each head's K channels, before the rotation (as Qwen3)
+            q_BTHK, k_BTGK = self.q_norm(q_BTHK), self.k_norm(k_BTGK)
         if rope_TK is not None:
             q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope_TK), apply_rope(k_BTGK, *rope_TK)
         return q_BTHK, k_BTGK, v_BTGK
@@ -351,7 +373,8 @@ class Transformer(nnx.Module):
         self.blocks = _stacked_blocks(cfg, rngs)
         self.norm = _norm(cfg, rngs)
         head_cfg = replace(cfg, lora_rank=0)  # adapters go on attention and the MLP, not on an untied output layer
-        self.lm_head = None if cfg.tie_embeddings else Linear(cfg.d_model, cfg.vocab_size, head_cfg, rngs)
+        head_init = nnx.initializers.zeros_init() if cfg.zero_init else None
+        self.lm_head = None if cfg.tie_embeddings else Linear(cfg.d_model, cfg.vocab_size, head_cfg, rngs, head_init)
         self.dropout = nnx.Dropout(cfg.dropout_rate)
 
     def __call__(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None, remat: str = "none") -> jax.Array:
@@ -401,10 +424,12 @@ class Transformer(nnx.Module):
         return x_BTD, rope_angles(positions_T, self.cfg.head_dim, self.cfg.rope_theta) if self.cfg.use_rope else None
 
     def logits(self, x_BTD: jax.Array) -> jax.Array:
-        "The final norm and the output projection (the embedding matrix when tied), in float32."
+        """The final norm, the output projection (the embedding matrix when tied) and the soft-cap, in float32:
+        training (chunked loss too), evaluation and cached decoding all make their logits here."""
         x_BTD = self.norm(x_BTD)
-        logits_BTV = self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)
-        return logits_BTV.astype(jnp.float32)
+        logits_BTV = (self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)).astype(jnp.float32)
+        cap = self.cfg.logit_softcap
+        return cap * jnp.tanh(logits_BTV / cap) if cap else logits_BTV
 
 # %% ../nbs/01_model.ipynb #44e13939
 def count_params(model: nnx.Module, wrt=nnx.Param) -> int:

@@ -579,13 +579,23 @@ def _open_checkpoints(t: Trainer, s: RunState) -> None:
     else:  # a resumed run appends after its step: a crash may have logged steps past the last save (run again now)
         _carry_metrics(metrics if metrics.exists() else s.resume_from / "metrics.jsonl", metrics, s.start)
 
+def _architecture_flags(model: dict) -> list[str]:
+    "The `tiny-lm train` flags that give a recorded model (`model_config.json`) the parts it has beyond the defaults."
+    cfg = ModelConfig.from_dict(model)
+    flags = [f"--no-{part}" for part in ("rmsnorm", "swiglu", "rope") if not getattr(cfg, f"use_{part}")]
+    flags += [f"--activation {cfg.activation}"] if not cfg.use_swiglu else []
+    flags += [f"--{name.replace('_', '-')}" for name in ("qk_norm", "zero_init") if getattr(cfg, name)]
+    flags += ["--untied-head"] if not cfg.tie_embeddings else []
+    return flags + ([f"--logit-softcap {cfg.logit_softcap:g}"] if cfg.logit_softcap else [])
+
 def _describe_run(t: Trainer, s: RunState) -> None:
     "Three lines before the first step: the model and data, the mesh and effective batch, the compute."
     n, accum, cfg = batch_devices(), s.train_cfg.gradient_accumulation_steps, s.model_cfg
     global_batch = s.config["global_batch_size"]
     per_epoch = f"{s.data.per_epoch:.0f}" if s.data.per_epoch else "unknown"
-    t.say(f"model: {count_params(s.model):,} parameters | data: {s.data.description}, {per_epoch} steps per epoch | "
-          f"unigram baseline {s.data.baseline:.3f} | {s.total_steps} steps")
+    parts = "".join(f", {flag}" for flag in _architecture_flags(cfg.to_dict()))  # beyond the default parts
+    t.say(f"model: {count_params(s.model):,} parameters{parts} | data: {s.data.description}, {per_epoch} steps per "
+          f"epoch | unigram baseline {s.data.baseline:.3f} | {s.total_steps} steps")
     batch = s.train_cfg.batch_size
     if cpu_split() and n == 1:
         per = f"{batch} on the CPU (shared by {s.mesh.devices.size} of its devices)"
@@ -746,11 +756,12 @@ def describe_inspection(report: dict) -> str:
     nan, norms, model_cfg = float("nan"), report["norms"], report["config"]["model"]
     bpt = f", {report['bytes_per_token']:.2f} bytes per token on validation text" if report["bytes_per_token"] else ""
     bad = ", ".join(k for k, v in norms.items() if not np.isfinite(v))
-    width = max(map(len, norms))
+    width, parts = max(map(len, norms)), " ".join(_architecture_flags(model_cfg))
+    parts = f" | {parts}" if parts else ""  # the parts beyond the defaults, as the flags that chose them
     lines = [f"run {report['path']}, step {report['step']}: {report['params']:,} parameters | "
              f"train loss {report['train_loss'] or nan:.4f} | val loss {report['val_loss'] or nan:.4f}",
              "model: " + ", ".join(f"{k}={model_cfg[k]}" for k in ("vocab_size", "seq_len", "d_model", "n_layer",
-                                                                    "n_head", "d_ff", "dtype")),
+                                                                    "n_head", "d_ff", "dtype")) + parts,
              f"tokenizer: {report['vocab_size']} tokens{bpt}", _describe_training(report["config"]),
              f"weights: {'all finite' if report['finite'] else 'NOT FINITE: NaN or Inf in ' + bad}",
              *(f"  {name:<{width}}  norm {norm:10.4f}" for name, norm in norms.items()), "checkpoints:",

@@ -26,7 +26,8 @@ def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
         # fused q, k, v (G kv heads), then the output projection
         "attention": L * (D * (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim + D * D),
         "mlp": L * (3 if cfg.use_swiglu else 2) * D * F,  # SwiGLU's gate is the third matrix
-        "norms": (2 * L + 1) * norm,  # two per block, one before the head
+        # two per block and one before the head; QK-norm adds a scale of K for q and one for k in each block
+        "norms": (2 * L + 1) * norm + (2 * L * cfg.head_dim if cfg.qk_norm else 0),
         "lm_head": 0 if cfg.tie_embeddings else D * V,
         "lora": L * cfg.lora_rank * (
             (D + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim) + 2 * D  # r·(d_in + d_out): qkv, out
