@@ -104,7 +104,7 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
         train["max_steps"] = None  # --epochs or --time-budget alone: they decide the length
     if "time_budget" in train:
         train.setdefault("lr_schedule", "wsd")  # the schedule whose decay the clock can start
-    train = TrainConfig(**{**saved.get("train", {}), **train})
+    train = TrainConfig.from_dict({**saved["train"], **train}) if saved else TrainConfig(**train)
     model = _model_overrides(args)
     _check_size_flags(args)
     _check_lora_flags(args, saved)

@@ -32,14 +32,15 @@ from .show import LivePlot, in_notebook, plot_losses
 from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
-__all__ = ['BUDGET_STEPS', 'OPTIMIZERS', 'SCHEDULES', 'CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM', 'COMPILE_CACHE',
-           'TrainConfig', 'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule',
-           'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn',
-           'chunked_cross_entropy', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache',
-           'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted', 'stop_signals', 'decay_from', 'decay_steps_left',
-           'fit']
+__all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'SCHEDULES', 'CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM',
+           'COMPILE_CACHE', 'TrainConfig', 'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn',
+           'continue_schedule', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model',
+           'set_schedule', 'loss_fn', 'chunked_cross_entropy', 'dropout_key', 'make_train_step', 'steps_in_one_call',
+           'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted', 'stop_signals', 'decay_from',
+           'decay_steps_left', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
+SAVED_BEFORE = {"lr_schedule": "cosine"}  # runs saved before a field existed trained with this value of it
 BUDGET_STEPS = 10**9  # the length of a run with a time budget and no other end, until its clock decides it
 
 @dataclass(frozen=True)
@@ -72,9 +73,9 @@ class TrainConfig:
     # adamw; or muon: Muon on the blocks' matrices, AdamW on embeddings, head, norms and adapters (`make_optimizer`)
     optimizer: str = "adamw"
     muon_learning_rate: float = 0.02  # Muon's peak rate: its updates are orthogonalized, on a scale of their own
-    # cosine: warm-up, then a cosine to the end rate; wsd: warm-up, the peak held, then a straight line to the end rate
-    lr_schedule: str = "cosine"
-    decay_fraction: float = 0.5  # wsd: the share of the run spent decaying, at its end
+    # wsd: warm-up, the peak held, then a straight line to the end rate; cosine: warm-up, then a cosine to the end rate
+    lr_schedule: str = "wsd"
+    decay_fraction: float = 0.3  # wsd: the share of the run spent decaying, at its end
     # seconds of wall time: train until they are spent, the wsd decay started by the clock (`fit`); None: by steps
     time_budget: float | None = None
 
@@ -92,9 +93,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        "Rebuild from `to_dict`, ignoring unknown keys."
+        "Rebuild a saved `to_dict`, ignoring unknown keys; a key it lacks takes what runs saved before it trained with."
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in {**SAVED_BEFORE, **d}.items() if k in names})
 
 # %% ../nbs/04_train.ipynb #4542c8dc
 OPTIMIZERS = ("adamw", "muon")  # TrainConfig.optimizer
