@@ -742,14 +742,16 @@ def inspect_run(path: str | Path = "output", prompt: str = "") -> dict:
             "bytes_per_token": summary.get("bytes_per_token"), "config": run.meta["config"], "norms": norms,
             "sample": sample}
 
-def _describe_training(config: dict) -> str:
-    "The optimizer and schedule a run trained with, as `tiny-lm inspect` names them."
+def _describe_training(config: dict) -> list[str]:
+    "The optimizer and schedule a run trained with, as `tiny-lm inspect` names them (none for a record without them)."
+    if "train" not in config:
+        return []
     train, schedule = config["train"], config.get("schedule", {})
     muon = f" (Muon {train['muon_learning_rate']:.3g})" if train.get("optimizer") == "muon" else ""
     shape = schedule.get("lr_schedule", "cosine")
     shape += f" (decaying over the last {schedule['decay_fraction']:.0%})" if shape == "wsd" else ""
-    return (f"training: {train.get('optimizer', 'adamw')}, peak learning rate {train['learning_rate']:.3g}{muon}, "
-            f"{shape} schedule over {schedule.get('total_steps', train.get('max_steps'))} steps")
+    return [f"training: {train.get('optimizer', 'adamw')}, peak learning rate {train['learning_rate']:.3g}{muon}, "
+            f"{shape} schedule over {schedule.get('total_steps', train.get('max_steps'))} steps"]
 
 def describe_inspection(report: dict) -> str:
     "`inspect_run`'s report as the lines `tiny-lm inspect` prints."
@@ -762,7 +764,7 @@ def describe_inspection(report: dict) -> str:
              f"train loss {report['train_loss'] or nan:.4f} | val loss {report['val_loss'] or nan:.4f}",
              "model: " + ", ".join(f"{k}={model_cfg[k]}" for k in ("vocab_size", "seq_len", "d_model", "n_layer",
                                                                     "n_head", "d_ff", "dtype")) + parts,
-             f"tokenizer: {report['vocab_size']} tokens{bpt}", _describe_training(report["config"]),
+             f"tokenizer: {report['vocab_size']} tokens{bpt}", *_describe_training(report["config"]),
              f"weights: {'all finite' if report['finite'] else 'NOT FINITE: NaN or Inf in ' + bad}",
              *(f"  {name:<{width}}  norm {norm:10.4f}" for name, norm in norms.items()), "checkpoints:",
              *(f"  {c['name']:<40} step {c['step']}  {c['state']}" for c in report["checkpoints"])]
