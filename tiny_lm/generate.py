@@ -22,8 +22,8 @@ from .parallel import batch_sharding, make_mesh
 from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
-__all__ = ['DECODE_CHUNK', 'candidates', 'sample_rows', 'sampling_mode', 'init_cache', 'check_sampling', 'generate_batch',
-           'generate']
+__all__ = ['DECODE_CHUNK', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'init_cache', 'check_sampling',
+           'generate_batch', 'generate']
 
 # %% ../nbs/07_generate.ipynb #bd088f29
 def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
@@ -40,19 +40,31 @@ def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
         z_BC = jnp.where(mass_before_BC < top_p, z_BC, -jnp.inf)
     return z_BC, ids_BC
 
-def sample_rows(logits_BV: jax.Array, key: jax.Array, temperature, top_p, greedy: bool, top_k: int,
-                nucleus: bool) -> jax.Array:
-    "One token id per row; `greedy`, `top_k` and `nucleus` (top-p < 1) must be static: `sampling_mode` gives them."
+def _first_max(x_BC: jax.Array) -> jax.Array:
+    "`jnp.argmax` over the last axis (the first of equal maxima), as two plain reductions that a CPU vectorises."
+    C = x_BC.shape[-1]
+    return jnp.minimum(jnp.min(jnp.where(x_BC == x_BC.max(-1, keepdims=True), jnp.arange(C), C), axis=-1), C - 1)
+
+def gumbel_rows(key: jax.Array, rows: int, candidates: int) -> jax.Array:
+    "The Gumbel noise `[B, C]` of `jax.random.categorical`'s draw for each row, row `i` from `fold_in(key, i)`."
+    keys_B = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(rows))
+    return jax.vmap(lambda k: jax.random.gumbel(k, (candidates,), jnp.float32))(keys_B)
+
+def sample_rows(logits_BV: jax.Array, key: jax.Array | None, temperature, top_p, greedy: bool, top_k: int,
+                nucleus: bool, noise_BC: jax.Array | None = None) -> jax.Array:
+    """One token id per row; `greedy`, `top_k` and `nucleus` (top-p < 1) must be static: `sampling_mode` gives them.
+    `noise_BC`: `gumbel_rows(key, ...)` drawn beforehand (then `key` is not used)."""
     if greedy:
-        return jnp.argmax(logits_BV, axis=-1)
+        return _first_max(logits_BV)
     z_BC, ids_BC = candidates(logits_BV, jnp.maximum(temperature, 1e-6), top_k, top_p, nucleus)
-    keys_B = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(z_BC.shape[0]))
-    choice_B = jax.vmap(jax.random.categorical)(keys_B, z_BC)
+    noise_BC = gumbel_rows(key, *z_BC.shape) if noise_BC is None else noise_BC
+    choice_B = _first_max(z_BC + noise_BC)  # the Gumbel-max draw of jax.random.categorical, with the same noise
     return choice_B if ids_BC is None else jnp.take_along_axis(ids_BC, choice_B[:, None], axis=1)[:, 0]
 
 def sampling_mode(temperature: float, top_k: int, top_p: float) -> dict:
     "The static part of the sampler's settings."
     return {"greedy": temperature == 0, "top_k": top_k, "nucleus": top_p < 1}
+
 
 # %% ../nbs/07_generate.ipynb #c10d56f7
 DECODE_CHUNK = 16  # decode steps per compiled call: the host checks stops and streams text between calls
@@ -69,6 +81,25 @@ def init_cache(cfg: ModelConfig, batch: int, rows: NamedSharding | None = None) 
     shape = (cfg.n_layer, batch, cfg.seq_len, cfg.n_kv_head, cfg.head_dim)
     sharding = rows and NamedSharding(rows.mesh, P(None, *rows.spec))  # the rows are the second axis
     return {"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
+
+# %% ../nbs/07_generate.ipynb #e9ef4e3c
+def _unstacked(model: Transformer, cache: dict) -> tuple[list, list]:
+    """The stacked blocks as one `Block` per layer, and the cache `[L, B, S, G, K]` as one dict of `[B, S, G, K]` per
+    layer: sliced once, outside a loop of decode steps (inside it XLA would copy every layer out for every token)."""
+    graphdef, layers = nnx.split(model.blocks)
+    return ([nnx.merge(graphdef, jax.tree.map(lambda x: x[i], layers)) for i in range(model.cfg.n_layer)],
+            [jax.tree.map(lambda x: x[i], cache) for i in range(model.cfg.n_layer)])
+
+def _extend_one(model: Transformer, blocks: list, token_B: jax.Array, kv_L: list, position) -> tuple[jax.Array, list]:
+    """`Transformer.extend` for one token per row at window position `position`, over the layers `_unstacked` gives:
+    the logits `[B, V]` and every layer's cache with this token's keys and values written."""
+    x_B1D, rope_TK = model.inputs(token_B[:, None], position + jnp.arange(1))
+    new_kv_L = []
+    for block, kv in zip(blocks, kv_L):
+        x_B1D, kv = block(x_B1D, rope_TK, None, kv, position)
+        new_kv_L.append(kv)
+    return model.logits(x_B1D)[:, 0], new_kv_L
+
 
 # %% ../nbs/07_generate.ipynb #ef2a8aef
 @lru_cache(maxsize=8)
@@ -87,14 +118,19 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
         """`steps` (at most `DECODE_CHUNK`) decode steps in one call: tokens `n`, `n+1`, ...,
         each from the one before it."""
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+        blocks, kv_L = _unstacked(model, cache)  # once per call, not per token
+        B, C = token_B.shape[0], min(mode["top_k"] or model.cfg.vocab_size, model.cfg.vocab_size)
+        noise_KBC = (None if mode["greedy"] else  # the chunk's random draws at once: one generator call, not K
+                     jax.vmap(lambda i: gumbel_rows(jax.random.fold_in(key, n + i), B, C))(jnp.arange(DECODE_CHUNK)))
         def one(i, carry):
-            cache, token_B, new_BK = carry
-            logits_B1V, cache = model.extend(token_B[:, None], cache, position + i)
-            token_B = sample_rows(logits_B1V[:, 0], jax.random.fold_in(key, n + i), temperature, top_p, **mode)
-            return cache, token_B, new_BK.at[:, i].set(token_B)
+            kv_L, token_B, new_BK = carry
+            logits_BV, kv_L = _extend_one(model, blocks, token_B, kv_L, position + i)
+            token_B = sample_rows(logits_BV, None, temperature, top_p, **mode,
+                                  noise_BC=None if noise_KBC is None else noise_KBC[i])
+            return kv_L, token_B, new_BK.at[:, i].set(token_B)
         new_BK = jnp.zeros((token_B.shape[0], DECODE_CHUNK), token_B.dtype)
-        cache, _, new_BK = jax.lax.fori_loop(0, steps, one, (cache, token_B, new_BK))
-        return new_BK, cache
+        kv_L, _, new_BK = jax.lax.fori_loop(0, steps, one, (kv_L, token_B, new_BK))
+        return new_BK, jax.tree.map(lambda *layers: jnp.stack(layers), *kv_L)
 
     def reference(leaves, window_BT, last, key, n, temperature, top_p, **mode):
         "No cache: run the whole window `[B, T]`, sample each row's token after position `last`."

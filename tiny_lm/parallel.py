@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -23,12 +25,12 @@ from .sizing import train_memory_bytes
 from .errors import TinyLMError
 
 # %% auto #0
-__all__ = ['MESH_AXES', 'SHARDING_RULES', 'cpu_split', 'device_info', 'device_banner', 'make_mesh', 'parse_mesh', 'describe_mesh',
-           'path_name', 'param_spec', 'state_shardings', 'sharded_init', 'replicate', 'state_bytes_per_device',
-           'sharded_memory_bytes', 'choose_mesh', 'batch_sharding', 'batch_put', 'global_put', 'split_batch',
-           'usable_cores', 'use_cpu_cores', 'batch_devices', 'cpu_mesh_devices', 'initialize_distributed',
-           'is_main_process', 'from_main_process', 'wait_for_main', 'on_main_process', 'disagreement',
-           'check_processes_agree']
+__all__ = ['MESH_AXES', 'SHARDING_RULES', 'cpu_split', 'cpu_model', 'device_info', 'device_banner', 'make_mesh', 'parse_mesh',
+           'describe_mesh', 'path_name', 'param_spec', 'state_shardings', 'sharded_init', 'replicate',
+           'state_bytes_per_device', 'sharded_memory_bytes', 'choose_mesh', 'batch_sharding', 'batch_put', 'global_put',
+           'split_batch', 'usable_cores', 'use_cpu_cores', 'batch_devices', 'cpu_mesh_devices',
+           'initialize_distributed', 'is_main_process', 'from_main_process', 'wait_for_main', 'on_main_process',
+           'disagreement', 'check_processes_agree']
 
 # %% ../nbs/05_parallel.ipynb #176c1bb0
 _cpu_split = 0  # how many devices `use_cpu_cores` (below) made of this process's CPU (0: none)
@@ -37,14 +39,27 @@ def cpu_split() -> int:
     "How many devices this run's CPU is split into by `use_cpu_cores` (0 if it is not, or the run is not on the CPU)."
     return _cpu_split if _cpu_split > 1 and jax.default_backend() == "cpu" else 0
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """The host CPU: its model name (Linux's `/proc/cpuinfo`, else `platform.processor()`), and which of the
+    vector and matrix extensions that change XLA's CPU speed it has (AVX2, AVX-512, AMX)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        text = ""
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)  # CPU 0
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {"model": fields.get("model name") or platform.processor() or platform.machine() or "unknown",
+            "extensions": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in flags]}
+
 def device_info() -> dict:
     """Backend, device count, device kind and device names of the run's devices (every process's),
-    and the process layout."""
+    the process layout, and the host CPU (`cpu_model`)."""
     devices = jax.devices()
     return {"backend": jax.default_backend(), "num_devices": len(devices),
             "device_type": devices[0].device_kind, "devices": [str(d) for d in devices],
             "process_count": jax.process_count(), "local_devices": jax.local_device_count(),
-            "cpu_cores_as_devices": cpu_split()}
+            "cpu_cores_as_devices": cpu_split(), "cpu": cpu_model()}
 
 def device_banner(info: dict | None = None) -> str:
     "The few lines a run prints first: which hardware it is about to use."

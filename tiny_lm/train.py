@@ -32,12 +32,12 @@ from .show import LivePlot, in_notebook, plot_losses
 from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
-__all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'SCHEDULES', 'CHUNKED_LOSS_VOCAB', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM',
+__all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'SCHEDULES', 'LOGITS_MEMORY_SHARE', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM',
            'COMPILE_CACHE', 'TrainConfig', 'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn',
            'continue_schedule', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model',
-           'set_schedule', 'loss_fn', 'chunked_cross_entropy', 'dropout_key', 'make_train_step', 'steps_in_one_call',
-           'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted', 'stop_signals', 'decay_from',
-           'decay_steps_left', 'fit']
+           'set_schedule', 'loss_fn', 'logits_budget', 'chunked_cross_entropy', 'dropout_key', 'make_train_step',
+           'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted',
+           'stop_signals', 'decay_from', 'decay_steps_left', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 SAVED_BEFORE = {"lr_schedule": "cosine"}  # runs saved before a field existed trained with this value of it
@@ -280,10 +280,10 @@ def set_schedule(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict) -> 
 def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None,
             chunked: bool | None = None, remat: str = "none") -> jax.Array:
     """Mean next-token cross-entropy (nats) of a batch of `seq_len + 1` windows (dropout on when given a key);
-    `chunked` (default: vocabularies of CHUNKED_LOSS_VOCAB tokens or more) never holds all the fp32 logits at once."""
+    `chunked` (default: where the fp32 logits would exceed `logits_budget()`) never holds all of them at once."""
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
     if chunked is None:
-        chunked = model.cfg.vocab_size >= CHUNKED_LOSS_VOCAB
+        chunked = 4 * targets_BT.size * model.cfg.vocab_size > logits_budget()
     if chunked:
         return chunked_cross_entropy(model.logits, model.features(inputs_BT, dropout_key, remat), targets_BT,
                                      model.cfg.vocab_size)
@@ -291,12 +291,49 @@ def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | No
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
 
 # %% ../nbs/04_train.ipynb #b3435e67
-CHUNKED_LOSS_VOCAB = 16_384  # loss_fn never holds the whole fp32 [B, T, V] logits from this vocabulary size up
+LOGITS_MEMORY_SHARE = 1 / 8  # loss_fn slices the fp32 [B, T, V] logits where they would take more of a device's memory
 LOSS_CHUNK_BYTES = 2**26  # the fp32 logits of one slice of the sequence: 64 MiB
+
+def logits_budget() -> int:
+    "Bytes the fp32 logits of a batch may take before `loss_fn` slices them: a share of the first device's memory."
+    stats = jax.local_devices()[0].memory_stats() or {}  # a CPU has none: its memory is the machine's RAM
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(LOGITS_MEMORY_SHARE * (stats.get("bytes_limit") or ram))
+
+def _slice_loss(head: Callable, consts: list, x_BCD: jax.Array, y_BC: jax.Array, w_1C: jax.Array) -> jax.Array:
+    "A slice's summed cross-entropy (padded positions weigh 0)."
+    logits_BCV = head(x_BCD, *consts).astype(jnp.float32)
+    return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits_BCV, y_BC) * w_1C)
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _sliced_loss(head: Callable, consts: list, x_NBCD, y_NBC, w_NBC) -> jax.Array:
+    "The loss summed over the slices `[N, B, C, ...]`, one slice's logits at a time."
+    step = lambda total, xs: (total + _slice_loss(head, consts, *xs), None)
+    return jax.lax.scan(step, jnp.zeros((), jnp.float32), (x_NBCD, y_NBC, w_NBC))[0]
+
+def _sliced_loss_fwd(head, consts, x_NBCD, y_NBC, w_NBC):
+    "The loss, and its gradients made slice by slice while each slice's logits exist: the backward pass only scales."
+    def step(carry, xs):
+        total, dconsts = carry
+        x_BCD, y_BC, w_1C = xs
+        loss, pull = jax.vjp(lambda c, x: _slice_loss(head, c, x, y_BC, w_1C), consts, x_BCD)
+        dc, dx_BCD = pull(jnp.ones_like(loss))
+        return (total + loss, jax.tree.map(jnp.add, dconsts, dc)), dx_BCD
+    start = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, consts))
+    (total, dconsts), dx_NBCD = jax.lax.scan(step, start, (x_NBCD, y_NBC, w_NBC))
+    return total, (dconsts, dx_NBCD)
+
+def _sliced_loss_bwd(head, residuals, g):
+    dconsts, dx_NBCD = residuals
+    scale = lambda d: (g * d).astype(d.dtype)
+    return jax.tree.map(scale, dconsts), scale(dx_NBCD), None, None
+
+_sliced_loss.defvjp(_sliced_loss_fwd, _sliced_loss_bwd)
 
 def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: jax.Array, targets_BT: jax.Array,
                           vocab_size: int, chunk_bytes: int = LOSS_CHUNK_BYTES) -> jax.Array:
-    "Mean cross-entropy of `logits_fn(x_BTD)` against `targets_BT`, a slice of the sequence at a time."
+    """Mean cross-entropy of `logits_fn(x_BTD)` against `targets_BT`, a slice of the sequence at a time, each slice's
+    gradients made in the forward pass (no second pass through `logits_fn`)."""
     B, T, D = x_BTD.shape
     C = max(1, min(T, chunk_bytes // (4 * B * vocab_size)))  # time steps per slice
     n = -(-T // C)
@@ -304,15 +341,9 @@ def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: ja
     x_NBCD = jnp.pad(x_BTD, ((0, 0), (0, pad), (0, 0))).reshape(B, n, C, D).swapaxes(0, 1)
     y_NBC = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(B, n, C).swapaxes(0, 1)
     w_NBC = (jnp.arange(n * C) < T).reshape(n, 1, C)
+    head, consts = jax.closure_convert(logits_fn, x_NBCD[0])  # the head's weights, as arguments the VJP can return
+    return _sliced_loss(head, consts, x_NBCD, y_NBC, w_NBC) / (B * T)
 
-    @jax.checkpoint  # the backward pass recomputes a slice's logits rather than keeping every slice's
-    def slice_loss(x_BCD, y_BC, w_1C):
-        losses_BC = optax.softmax_cross_entropy_with_integer_labels(logits_fn(x_BCD), y_BC)
-        return jnp.sum(losses_BC * w_1C)
-
-    total, _ = jax.lax.scan(lambda acc, xs: (acc + slice_loss(*xs), None), jnp.zeros((), jnp.float32),
-                            (x_NBCD, y_NBC, w_NBC))
-    return total / (B * T)
 
 # %% ../nbs/04_train.ipynb #747c79a7
 def _grads(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None, *, accum_steps: int = 1,
