@@ -76,15 +76,15 @@ def _window_start(start: int, n: int, seq_len: int) -> int:
 
 # %% ../nbs/07_generate.ipynb #8ea34347
 def init_cache(cfg: ModelConfig, batch: int, rows: NamedSharding | None = None) -> dict:
-    """An empty KV cache: keys and values `[L, B, S, G, K]` for every layer and the `S = seq_len` slots of the window
+    """An empty KV cache: keys and values `[L, B, G, S, K]` for every layer and the `S = seq_len` slots of the window
     (`rows`: how a batch's rows are laid out, None: one device)."""
-    shape = (cfg.n_layer, batch, cfg.seq_len, cfg.n_kv_head, cfg.head_dim)
+    shape = (cfg.n_layer, batch, cfg.n_kv_head, cfg.seq_len, cfg.head_dim)
     sharding = rows and NamedSharding(rows.mesh, P(None, *rows.spec))  # the rows are the second axis
     return {"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
 
 # %% ../nbs/07_generate.ipynb #e9ef4e3c
 def _unstacked(model: Transformer, cache: dict) -> tuple[list, list]:
-    """The stacked blocks as one `Block` per layer, and the cache `[L, B, S, G, K]` as one dict of `[B, S, G, K]` per
+    """The stacked blocks as one `Block` per layer, and the cache `[L, B, G, S, K]` as one dict of `[B, G, S, K]` per
     layer: sliced once, outside a loop of decode steps (inside it XLA would copy every layer out for every token)."""
     graphdef, layers = nnx.split(model.blocks)
     return ([nnx.merge(graphdef, jax.tree.map(lambda x: x[i], layers)) for i in range(model.cfg.n_layer)],

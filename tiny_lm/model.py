@@ -271,15 +271,17 @@ def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, ke
         return splash_attention(q_BTHK, k_BTGK, v_BTGK)
     return jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, is_causal=True, implementation=kernel)
 
-def cached_attention(q_BTHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array, positions_T: jax.Array) -> jax.Array:
-    "Each query attends to the cache slots up to its own position; query head `h` reads key/value head `h // (H/G)`."
+def cached_attention(q_BTHK: jax.Array, k_BGSK: jax.Array, v_BGSK: jax.Array, positions_T: jax.Array) -> jax.Array:
+    """Each query attends to the cache slots up to its own position; query head `h` reads key/value head `h // (H/G)`.
+    The cache is `[B, G, S, K]`, heads before slots: the products batch over `B, G` without a `[B, S, G, K]`
+    cache's transpose of each layer's keys and values every token."""
     B, T, H, K = q_BTHK.shape
-    S, G = k_BSGK.shape[1], k_BSGK.shape[2]
-    q_BTGJK = q_BTHK.reshape(B, T, G, H // G, K)  # J = H/G query heads share one key/value head
-    scores_BGJTS = jnp.einsum("btgjk,bsgk->bgjts", q_BTGJK, k_BSGK).astype(jnp.float32) / math.sqrt(K)
+    G, S = k_BGSK.shape[1], k_BGSK.shape[2]
+    q_BGJTK = q_BTHK.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4)  # J = H/G query heads share one head
+    scores_BGJTS = jnp.einsum("bgjtk,bgsk->bgjts", q_BGJTK, k_BGSK).astype(jnp.float32) / math.sqrt(K)
     visible_TS = jnp.arange(S)[None, :] <= positions_T[:, None]
-    probs_BGJTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGJTS, -jnp.inf), axis=-1).astype(v_BSGK.dtype)
-    return jnp.einsum("bgjts,bsgk->btgjk", probs_BGJTS, v_BSGK).reshape(B, T, H, K)
+    probs_BGJTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGJTS, -jnp.inf), axis=-1).astype(v_BGSK.dtype)
+    return jnp.einsum("bgjts,bgsk->btgjk", probs_BGJTS, v_BGSK).reshape(B, T, H, K)
 
 class Attention(nnx.Module):
     "Multi-head causal self-attention with optional RoPE, and an optional KV cache."
@@ -303,13 +305,14 @@ class Attention(nnx.Module):
         return q_BTHK, k_BTGK, v_BTGK
 
     def __call__(self, x_BTD: jax.Array, rope_TK, cache: dict | None = None, start=0) -> tuple[jax.Array, dict | None]:
-        """The attention output, and `cache` (keys and values `[B, S, G, K]` of the window) with this call's written at
+        """The attention output, and `cache` (keys and values `[B, G, S, K]` of the window) with this call's written at
         slot `start`: one token then reads every slot up to its own; several tokens are a prompt from slot 0."""
         B, T, _ = x_BTD.shape
         q_BTHK, k_BTGK, v_BTGK = self.heads(x_BTD, rope_TK)
         if cache is not None:
-            cache = {name: jax.lax.dynamic_update_slice(cache[name], new.astype(cache[name].dtype), (0, start, 0, 0))
-                     for name, new in (("k", k_BTGK), ("v", v_BTGK))}
+            cache = {name: jax.lax.dynamic_update_slice(  # `[B, T, G, K]` into the `[B, G, S, K]` slots from `start`
+                         cache[name], new_BTGK.transpose(0, 2, 1, 3).astype(cache[name].dtype), (0, 0, start, 0))
+                     for name, new_BTGK in (("k", k_BTGK), ("v", v_BTGK))}
         if cache is not None and T == 1:
             y_BTHK = cached_attention(q_BTHK, cache["k"], cache["v"], start + jnp.arange(T))
         else:  # training, or a prompt: its tokens attend to each other with the device's fastest kernel
@@ -393,7 +396,7 @@ class Transformer(nnx.Module):
 
     def run_blocks(self, x_BTD: jax.Array, rope_TK, dropout_key: jax.Array | None = None, cache: dict | None = None,
                    start=0, remat: str = "none") -> tuple[jax.Array, dict | None]:
-        """Every block in turn, one `jax.lax.scan` over the stacked layers; `cache`: keys and values `[L, B, S, G, K]`
+        """Every block in turn, one `jax.lax.scan` over the stacked layers; `cache`: keys and values `[L, B, G, S, K]`
         (07_generate), returned with this call's written at slot `start`."""
         graphdef, layers = nnx.split(self.blocks)
         keys_L = None if dropout_key is None else jax.random.split(dropout_key, self.cfg.n_layer)
@@ -427,7 +430,16 @@ class Transformer(nnx.Module):
         """The final norm, the output projection (the embedding matrix when tied) and the soft-cap, in float32:
         training (chunked loss too), evaluation and cached decoding all make their logits here."""
         x_BTD = self.norm(x_BTD)
-        logits_BTV = (self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)).astype(jnp.float32)
+        if self.lm_head is None and x_BTD.shape[1] == 1:  # a decode step: the embedding `[V, D]` as it is stored,
+            # the left factor (`attend`'s `x @ E.T` has XLA on a CPU transpose the table inside its product)
+            embedding_VD = self.embed.embedding[...].astype(self.embed.dtype)
+            logits_VBT = jax.lax.dot_general(embedding_VD, x_BTD.astype(self.embed.dtype), (((1,), (2,)), ((), ())))
+            return self._capped(logits_VBT.transpose(1, 2, 0).astype(jnp.float32))
+        return self._capped(
+            (self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)).astype(jnp.float32))
+
+    def _capped(self, logits_BTV: jax.Array) -> jax.Array:
+        "The soft-cap `cap · tanh(logits / cap)` when the config has one."
         cap = self.cfg.logit_softcap
         return cap * jnp.tanh(logits_BTV / cap) if cap else logits_BTV
 
