@@ -706,9 +706,12 @@ def _agreed(steps: int | None) -> int | None:
     decide, fewest = _on_any_process(steps is not None, -(BUDGET_STEPS if steps is None else steps))
     return -fewest if decide else None
 
-def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict) -> int | None:
-    "The steps of the decay, at the call where a run with a time budget starts it; else None."
-    if not cfg.time_budget or schedule["segments"][-1].get("by_clock"):  # no budget, or the decay decided already
+def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict, done: int) -> int | None:
+    ("The steps of the decay, at the log step where a run with a time budget starts it; else None. Only log steps "
+     "ask (the step time is measured there), so many processes agree once per log step, not every call.")
+    if not cfg.time_budget or schedule["segments"][-1].get("by_clock") or not run.history:  # no budget, or decided
+        return None
+    if run.history[-1]["step"] != done:
         return None
     return _agreed(decay_steps_left(run, cfg))
 
@@ -770,7 +773,7 @@ def fit(
                         last_save = _save(checkpoint, done, model, optimizer, state, data_state, run)
                 if stop:
                     raise Interrupted(stop, done, saving)
-                if (n := _decay_due(run, cfg, schedule)) is not None:
+                if (n := _decay_due(run, cfg, schedule, done)) is not None:
                     train_step, state, rates, total_steps = _decay_now(model, optimizer, state, cfg, schedule, done,
                                                                        done + n, run, bar)
         finally:  # donated buffers: the objects must get the live state back, even after an exception
