@@ -22,8 +22,8 @@ from .parallel import batch_sharding, make_mesh
 from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
-__all__ = ['DECODE_CHUNK', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'init_cache', 'check_sampling',
-           'generate_batch', 'generate']
+__all__ = ['DECODE_CHUNK', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'init_cache', 'layer_weights',
+           'check_sampling', 'generate_batch', 'generate']
 
 # %% ../nbs/07_generate.ipynb #bd088f29
 def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
@@ -83,15 +83,23 @@ def init_cache(cfg: ModelConfig, batch: int, rows: NamedSharding | None = None) 
     return {"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
 
 # %% ../nbs/07_generate.ipynb #e9ef4e3c
-def _unstacked(model: Transformer, cache: dict) -> tuple[list, list]:
-    """The stacked blocks as one `Block` per layer, and the cache `[L, B, G, S, K]` as one dict of `[B, G, S, K]` per
-    layer: sliced once, outside a loop of decode steps (inside it XLA would copy every layer out for every token)."""
-    graphdef, layers = nnx.split(model.blocks)
-    return ([nnx.merge(graphdef, jax.tree.map(lambda x: x[i], layers)) for i in range(model.cfg.n_layer)],
-            [jax.tree.map(lambda x: x[i], cache) for i in range(model.cfg.n_layer)])
+def layer_weights(model: Transformer) -> list[list[jax.Array]]:
+    """The stacked blocks' weights as one flat list of arrays per layer. `generate_batch` slices them once and hands
+    the lists to every decode call: inside a compiled call XLA would copy each layer's weights out on every call."""
+    _, stacked = nnx.split(model.blocks)
+    return [[x[i] for x in jax.tree.leaves(stacked)] for i in range(model.cfg.n_layer)]
+
+def _blocks(model: Transformer, layers: list[list[jax.Array]]) -> list:
+    "One `Block` per layer (the model's own class) from `layer_weights`' lists."
+    graphdef, stacked = nnx.split(model.blocks)
+    return [nnx.merge(graphdef, jax.tree.unflatten(jax.tree.structure(stacked), weights)) for weights in layers]
+
+def _layer_caches(cache: dict) -> list[dict]:
+    "The cache `[L, B, G, S, K]` as one dict of `[B, G, S, K]` keys and values per layer."
+    return [jax.tree.map(lambda x: x[i], cache) for i in range(cache["k"].shape[0])]
 
 def _extend_one(model: Transformer, blocks: list, token_B: jax.Array, kv_L: list, position) -> tuple[jax.Array, list]:
-    """`Transformer.extend` for one token per row at window position `position`, over the layers `_unstacked` gives:
+    """`Transformer.extend` for one token per row at window position `position`, over the layers `_blocks` gives:
     the logits `[B, V]` and every layer's cache with this token's keys and values written."""
     x_B1D, rope_TK = model.inputs(token_B[:, None], position + jnp.arange(1))
     new_kv_L = []
@@ -103,22 +111,28 @@ def _extend_one(model: Transformer, blocks: list, token_B: jax.Array, kv_L: list
 
 # %% ../nbs/07_generate.ipynb #ef2a8aef
 @lru_cache(maxsize=8)
-def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callable, Callable]:
+def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callable, Callable, Callable]:
     """The compiled steps for one model structure (its state laid out on `mesh`, None: one device):
-    `(prefill, decode, reference)`, taking the state as its flat list of arrays."""
+    `(layers, prefill, decode, reference)`, taking the state as its flat list of arrays."""
     # Made once per generate call, not per token: hashing a graph definition, or flattening the nested state, costs
     # a good part of a decode step on a CPU.
+    def layers(leaves):
+        "`layer_weights` of the model: once per `generate_batch`."
+        return layer_weights(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)))
+
     def prefill(leaves, cache, tokens_BT, last, key, n, temperature, top_p, **mode):
-        "Fill the cache with the window so far `[B, T]`; sample each row's token after position `last` (token `n`)."
+        """Fill an empty cache with the window so far `[B, T]`, returned as one cache per layer; sample each row's
+        token after position `last` (token `n`)."""
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
         logits_BTV, cache = model.extend(tokens_BT, cache, 0)  # splash on a TPU, cuDNN on a GPU
-        return sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode), cache
+        return (sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode),
+                _layer_caches(cache))
 
-    def decode(leaves, cache, token_B, position, key, n, steps, temperature, top_p, **mode):
+    def decode(leaves, layers, kv_L, token_B, position, key, n, steps, temperature, top_p, **mode):
         """`steps` (at most `DECODE_CHUNK`) decode steps in one call: tokens `n`, `n+1`, ...,
-        each from the one before it."""
+        each from the one before it, over the layers' weights and caches."""
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        blocks, kv_L = _unstacked(model, cache)  # once per call, not per token
+        blocks = _blocks(model, layers)
         B, C = token_B.shape[0], min(mode["top_k"] or model.cfg.vocab_size, model.cfg.vocab_size)
         noise_KBC = (None if mode["greedy"] else  # the chunk's random draws at once: one generator call, not K
                      jax.vmap(lambda i: gumbel_rows(jax.random.fold_in(key, n + i), B, C))(jnp.arange(DECODE_CHUNK)))
@@ -130,7 +144,7 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
             return kv_L, token_B, new_BK.at[:, i].set(token_B)
         new_BK = jnp.zeros((token_B.shape[0], DECODE_CHUNK), token_B.dtype)
         kv_L, _, new_BK = jax.lax.fori_loop(0, steps, one, (kv_L, token_B, new_BK))
-        return new_BK, jax.tree.map(lambda *layers: jnp.stack(layers), *kv_L)
+        return new_BK, kv_L
 
     def reference(leaves, window_BT, last, key, n, temperature, top_p, **mode):
         "No cache: run the whole window `[B, T]`, sample each row's token after position `last`."
@@ -138,8 +152,8 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
         return sample_rows(logits_BV, jax.random.fold_in(key, n), temperature, top_p, **mode)
 
     static = ("greedy", "top_k", "nucleus")
-    return (jax.jit(on_mesh(mesh)(prefill), static_argnames=static, donate_argnums=1),
-            jax.jit(on_mesh(mesh)(decode), static_argnames=static, donate_argnums=1),
+    return (jax.jit(layers), jax.jit(on_mesh(mesh)(prefill), static_argnames=static),
+            jax.jit(on_mesh(mesh)(decode), static_argnames=static, donate_argnums=2),
             jax.jit(on_mesh(mesh)(reference), static_argnames=static))
 
 # %% ../nbs/07_generate.ipynb #2c42a4b6
@@ -238,24 +252,24 @@ def generate_batch(
     graphdef, state = nnx.split(model)
     state, put, rows = _placement(state, B)
     mesh, (state, treedef) = mesh_of(state), jax.tree.flatten(state)
-    prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh)
-    mode, key, start, cache = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
+    layers_step, prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh)
+    layers = layers_step(state) if use_cache else None  # sliced once: every decode call reads them
+    mode, key, start, kv_L = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
     n, end = len(ids), len(ids) + max_new_tokens
     while n < end and not all(t.done for t in texts):
         start, jumped = _window_start(start, n, T), n - start > T
-        if use_cache and cache is not None and not jumped:
+        if use_cache and kv_L is not None and not jumped:
             # decode: as many tokens as fit in the window, a chunk per call
             k = min(DECODE_CHUNK, end - n, T - (n - start) + 1)
-            new_BK, cache = decode_steps(state, cache, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k,
-                                         temperature, top_p, **mode)
+            new_BK, kv_L = decode_steps(state, layers, kv_L, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k,
+                                        temperature, top_p, **mode)
         else:  # the whole window: the reference step, or a prefill (padded to a power of two: a few compilations)
             window_BT = np.zeros((B, T if not use_cache else min(T, max(16, 1 << (n - start - 1).bit_length()))),
                                  np.int32)
             window_BT[:, :n - start] = tokens_BN[:, start:n]
             if use_cache:
-                cache = init_cache(model.cfg, B, rows) if cache is None else cache
-                new_B, cache = prefill_step(state, cache, put(window_BT), n - 1 - start, key, n, temperature, top_p,
-                                            **mode)
+                new_B, kv_L = prefill_step(state, init_cache(model.cfg, B, rows), put(window_BT), n - 1 - start, key,
+                                           n, temperature, top_p, **mode)
             else:
                 new_B = reference_step(state, put(window_BT), n - 1 - start, key, n, temperature, top_p, **mode)
             new_BK, k = new_B[:, None], 1  # token n's key is fold_in(key, n) on every path: the same draws
