@@ -3,7 +3,7 @@
 # (.ci/notebooks.py: no `../`, then copies outside the repository against the built wheel), then pytest. pytest
 # runs last so that its summary ("N passed in ...") is the final line printed. Run from the repository root with
 # the dev virtual environment active:
-#   pip install -e ".[dev]" && bash tests/check.sh
+#   pip install --no-compile -e ".[dev]" && bash tests/check.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / 'README.md').read_text(encoding='utf-8')
-TEST_COMMAND = 'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && bash tests/check.sh'
+TEST_COMMAND = 'python3 -m venv .venv && . .venv/bin/activate && pip install --no-compile -e ".[dev]" && bash tests/check.sh'
 MAIN_COMMAND = 'python3 -m venv .venv && . .venv/bin/activate && pip install -e . && tiny-lm train'
 
 
