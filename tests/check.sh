@@ -14,6 +14,11 @@ for tool in nbdev_export nbdev_clean ruff python; do
     command -v "$tool" >/dev/null || { echo "check: '$tool' not found; run: pip install -e \".[dev]\"" >&2; exit 1; }
 done
 
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE): the install skips compiling
+# the 2 GB environment (pip --no-compile), and the hundreds of test processes import the same few libraries, so each
+# module is compiled once, on its first import, instead of in every process.
+unset PYTHONDONTWRITEBYTECODE
+
 header() { printf '\n== check %s ==\n' "$1"; }
 
 # One JAX persistent compilation cache for the whole run, new each run: a program compiled by one notebook or test
