@@ -366,16 +366,15 @@ FINETUNE = ["--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body
 
 
 def test_speedrun_switches_train_continue_generate_fine_tune_and_export(tmp_path):
-    """QK-norm, ReLU², zero-init, an untied head and a soft-cap: recorded, kept by a continued run given none of the
-    flags, sampled from, fine-tuned with LoRA; the export refuses the soft-cap in one line."""
-    out, switches = tmp_path / "o", ["--qk-norm", "--zero-init", "--untied-head", "--no-swiglu", "--activation", "relu2",
-                                     "--logit-softcap", "15"]
+    """QK-norm, SwiGLU (no longer the default), zero-init, an untied head and a soft-cap: recorded, kept by a continued
+    run given none of the flags, sampled from, fine-tuned with LoRA; the export refuses the soft-cap in one line."""
+    out, switches = tmp_path / "o", ["--qk-norm", "--zero-init", "--untied-head", "--swiglu", "--logit-softcap", "15"]
     r = tiny_lm("train", *SMALL, *switches, "--max-steps", "4", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
-    assert "parameters, --no-swiglu, --activation relu2, --qk-norm, --zero-init, --untied-head, --logit-softcap 15 |" in r.stdout
+    assert "parameters, --swiglu, --qk-norm, --zero-init, --untied-head, --logit-softcap 15 |" in r.stdout
     recorded = json.loads((out / "model_config.json").read_text())
     assert {k: recorded[k] for k in ("qk_norm", "zero_init", "tie_embeddings", "use_swiglu", "activation", "logit_softcap")} == {
-        "qk_norm": True, "zero_init": True, "tie_embeddings": False, "use_swiglu": False, "activation": "relu2", "logit_softcap": 15.0}
+        "qk_norm": True, "zero_init": True, "tie_embeddings": False, "use_swiglu": True, "activation": "relu2", "logit_softcap": 15.0}
     r = tiny_lm("train", "--resume-from", str(out), "--output-dir", str(out), "--max-steps", "6", "--no-progress", "--sample-tokens", "0")
     assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
     assert json.loads((out / "model_config.json").read_text()) == recorded
@@ -419,8 +418,8 @@ def test_lora_fine_tune_resume_merge_generate(trained, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "with LoRA rank 4" in r.stdout and "frozen base parameters" in r.stdout
     summary = json.loads((whole / "training_summary.json").read_text())
-    # d_model 32, 2 heads (qkv 96 wide), d_ff 128, 1 layer: r · (d_in + d_out) over qkv, out, up, gate, down
-    assert summary["trainable_params"] == 4 * ((32 + 96) + (32 + 32) + 3 * (32 + 128))
+    # d_model 32, 2 heads (qkv 96 wide), d_ff 128, 1 layer: r · (d_in + d_out) over qkv, out, up, down (ReLU²: no gate)
+    assert summary["trainable_params"] == 4 * ((32 + 96) + (32 + 32) + 2 * (32 + 128))
     assert summary["init_from"]["path"] == str(out.absolute()) and summary["merged_model"].endswith("merged")
     assert (whole / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
 

@@ -135,13 +135,13 @@ def test_untied_embeddings_and_other_shapes(runs, tmp_path):
 
 
 @pytest.mark.parametrize("name,switches", [
-    ("qwen3", dict(qk_norm=True)),  # tied
-    ("qwen3", dict(qk_norm=True, tie_embeddings=False, zero_init=True)),
-    ("arcee", dict(use_swiglu=False, activation="relu2", tie_embeddings=False)),
-    ("arcee", dict(use_swiglu=False, activation="gelu")),  # jax.nn.gelu is transformers' gelu_pytorch_tanh
-    ("llama", dict(tie_embeddings=False, zero_init=True))])
+    ("qwen3", dict(qk_norm=True, use_swiglu=True)),  # tied
+    ("qwen3", dict(qk_norm=True, use_swiglu=True, tie_embeddings=False, zero_init=True)),
+    ("arcee", dict(tie_embeddings=False)),  # the default MLP: two matrices, ReLU²
+    ("arcee", dict(activation="gelu")),  # jax.nn.gelu is transformers' gelu_pytorch_tanh
+    ("llama", dict(use_swiglu=True, tie_embeddings=False, zero_init=True))])
 def test_switches_match_their_transformers_class(runs, tmp_path, name, switches):
-    """QK-norm exports as Qwen3, a two-matrix MLP as Arcee, an untied zero-initialised head as Llama: the same logits
+    """SwiGLU with QK-norm exports as Qwen3, the two-matrix MLP as Arcee, SwiGLU as Llama: the same logits
     (every parameter perturbed, so the zero-initialised ones and the QK-norm scales carry signal)."""
     tok = load_checkpoint(runs / "base")[1]
     cfg = ModelConfig(vocab_size=tok.get_vocab_size(), seq_len=32, d_model=48, n_layer=2, n_head=6, n_kv_head=3, **switches)
@@ -181,7 +181,7 @@ def test_tokenizer_round_trip(runs):
 
 @pytest.mark.parametrize("switches,flag", [(dict(use_rmsnorm=False), "--no-rmsnorm"), (dict(use_rope=False), "--no-rope"),
                                            (dict(logit_softcap=15.0), "--logit-softcap"),
-                                           (dict(qk_norm=True, use_swiglu=False), "--qk-norm or --no-swiglu")])
+                                           (dict(qk_norm=True), "--qk-norm or add --swiglu")])
 def test_refuses_what_no_class_can_express(runs, tmp_path, switches, flag):
     """One line naming the part and the fix, before the weights are read (here they are gone) and before anything is written."""
     tok = load_checkpoint(runs / "base")[1]

@@ -66,9 +66,14 @@ def _model_overrides(args) -> dict:
     "The ModelConfig fields the flags set explicitly (dimensions, switches, kernel, precision, LoRA)."
     over = {MODEL_RENAMES.get(k, k): v for k, v in _given(args, MODEL_FLAGS).items()}
     flag = lambda name: getattr(args, name, False)  # `tiny-lm size` has no switches
-    switches = dict(use_rmsnorm=not flag("no_rmsnorm"), use_swiglu=not flag("no_swiglu"), use_rope=not flag("no_rope"),
+    switches = dict(use_rmsnorm=not flag("no_rmsnorm"), use_rope=not flag("no_rope"),
                     tie_embeddings=not flag("untied_head"), qk_norm=flag("qk_norm"), zero_init=flag("zero_init"))
     over |= {k: v for k, v in switches.items() if v != getattr(ModelConfig, k)}  # only those that change a default
+    if getattr(args, "swiglu", None) is not None:  # named either way: a resumed run's MLP is checked against it
+        over["use_swiglu"] = args.swiglu
+    if over.get("use_swiglu") and "activation" in over:
+        raise TinyLMError(f"--activation {over['activation']} sets the two-matrix MLP's activation and --swiglu "
+                          "replaces that MLP with SwiGLU: give one of them")
     if flag("no_flash_attention"):
         over["attention"] = "xla"
     if dtype := _precision(args):
@@ -86,8 +91,9 @@ def model_from_args(args, vocab_size: int, base: ModelConfig | None = None, **fi
         switches = {k: v for k, v in over.items() if k.startswith("use_") or k in counted}
         base = target_config(args.target_params, vocab_size, seq_len, prefer_depth=args.prefer_depth, **switches)
     base = base or preset_config(args.model_preset or "tiny", vocab_size)
-    derived = {"d_ff": "d_model", "n_kv_head": "n_head"}  # --d-model 256 alone: SwiGLU's 8/3 · 256, not the preset's
-    reset = {k: None for k, source in derived.items() if source in over and k not in over}
+    derived = {"d_ff": "d_model", "n_kv_head": "n_head"}  # --d-model 256 alone: 8/3 · 256, not the preset's
+    changed = {k for k, v in over.items() if getattr(base, k) != v}
+    reset = {k: None for k, source in derived.items() if source in changed and k not in over}
     return replace(base, **reset, **{**over, "vocab_size": vocab_size, **fields})  # `fields` win over the flags
 
 # %% ../nbs/09_cli.ipynb #d668d25b
@@ -139,7 +145,7 @@ def _check_lora_flags(args, saved: dict) -> None:
 
 # %% ../nbs/09_cli.ipynb #0d73f0d9
 _FIXED_BY_BASE = ["model_preset", "target_params", "prefer_depth", *SHAPE_FLAGS, "seq_len", "activation", "no_rmsnorm",
-                  "no_swiglu", "no_rope", "vocab_size", "min_vocab_size", "max_vocab_size", "auto_vocab_size",
+                  "swiglu", "no_rope", "vocab_size", "min_vocab_size", "max_vocab_size", "auto_vocab_size",
                   "tokenizer_path", "retrain_tokenizer", "qk_norm", "zero_init", "untied_head", "logit_softcap"]
 
 def _init_from(args) -> tuple[Path, int, dict] | None:

@@ -18,7 +18,8 @@ from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['DATA_FLAGS', 'TOKENIZER_FLAGS', 'MODEL_FLAGS', 'SHAPE_FLAGS', 'TRAIN_FLAGS', 'MODEL_RENAMES', 'EXPORT_FORMATS',
-           'FLAG_RANGES', 'EXAMPLES', 'duration', 'Range', 'at_least', 'check_ranges', 'given_flags', 'build_parser']
+           'FLAG_RANGES', 'NAMED_EITHER_WAY', 'EXAMPLES', 'duration', 'Range', 'at_least', 'check_ranges',
+           'given_flags', 'build_parser']
 
 # %% ../nbs/08c_flags.ipynb #6821e5af
 _UNITS = {"s": 1, "m": 60, "h": 3600}
@@ -70,8 +71,8 @@ _HELP = {
     "num_kv_heads": "key/value heads for grouped-query attention; must divide --num-heads (default: --num-heads, "
                     "plain multi-head)",
     "d_ff": "MLP hidden width (default: the preset's)", "seq_len": "tokens of context (default: the preset's)",
-    "activation": "MLP activation with --no-swiglu: gelu, relu, relu2 (relu(x)², modded-nanogpt's and nanochat's) or "
-                  "silu (default: gelu)",
+    "activation": "the two-matrix MLP's activation: relu2 (relu(x)², modded-nanogpt's and nanochat's), gelu "
+                  "(GPT-2's), relu or silu; not with --swiglu (default: relu2)",
     "dropout_rate": "dropout on the embeddings and residual branches while training, in [0, 1); off in evaluation "
                     "and generation (default: 0)",
     "logit_softcap": "soft-cap the logits to cap·tanh(logits / cap) in training, evaluation and generation; nanochat "
@@ -250,10 +251,12 @@ def _size_flags(g, default: str = "tiny", shape: bool = False) -> None:
 
 def _switch_flags(g, kernels: str = "") -> None:
     flash = f"plain XLA attention instead of the device's flash kernel {kernels}".strip()
-    for flag, what in [("rmsnorm", "LayerNorm instead of RMSNorm"),
-                       ("swiglu", "a GELU/--activation MLP instead of SwiGLU"),
-                       ("rope", "learned positions instead of RoPE"), ("flash-attention", flash)]:
+    for flag, what in [("rmsnorm", "LayerNorm instead of RMSNorm"), ("rope", "learned positions instead of RoPE"),
+                       ("flash-attention", flash)]:
         g.add_argument(f"--no-{flag}", action="store_true", help=f"use {what} (default: off)")
+    g.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=None, help="Llama's SwiGLU MLP (three "
+                   "matrices, 8/3·D wide) instead of the two-matrix --activation MLP (4·D wide), which --no-swiglu "
+                   "names (default: --no-swiglu; ReLU² won at equal time, 16_recipe)")
     for flag, what in [("qk-norm", "normalize queries and keys over the head dimension (RMSNorm) before RoPE, as "
                                    "nanochat and Qwen3"),
                        ("zero-init", "start the output projections of attention and the MLP (and an untied head) at "
@@ -314,8 +317,8 @@ def _eval_parser(sub) -> None:
                    help="print one JSON object instead of a line of text (default: text)")
 
 # %% ../nbs/08c_flags.ipynb #953a951d
-EXPORT_FORMATS = {"hf": "a Hugging Face folder in the Llama layout, Qwen3's with --qk-norm, Arcee's with --no-swiglu "
-                        "(config.json, model.safetensors, tokenizer files)"}
+EXPORT_FORMATS = {"hf": "a Hugging Face folder: Arcee's layout for the two-matrix MLP (the default), Llama's for "
+                        "--swiglu, Qwen3's for --swiglu --qk-norm (config.json, model.safetensors, tokenizer files)"}
 
 def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="write a trained model in another library's format (hf: a Hugging Face Llama "
@@ -449,10 +452,13 @@ def check_ranges(args: argparse.Namespace, command: str) -> None:
             hint = f": {rule.hint}" if rule.hint else ""
             raise TinyLMError(f"--{name.replace('_', '-')} must be {rule.text}, got {value}{hint}")
 
+NAMED_EITHER_WAY = {"swiglu"}  # --swiglu and --no-swiglu: None when neither is given
+
 def given_flags(args: argparse.Namespace, names) -> list[str]:
-    "The flags among `names` (as `args` names them) that were given, as typed: a value, or a switch that is on."
+    "The flags among `names` (as `args` names them) that were given, as typed: a value, a switch that is on, --no-X."
     values = {name: getattr(args, name, None) for name in names}
-    return ["--" + name.replace("_", "-") for name, value in values.items() if value is not None and value is not False]
+    given = {n: v for n, v in values.items() if v is not None and (v is not False or n in NAMED_EITHER_WAY)}
+    return [("--no-" if value is False else "--") + name.replace("_", "-") for name, value in given.items()]
 
 # %% ../nbs/08c_flags.ipynb #6d337a26
 EXAMPLES = {  # two per command, shown at the end of its --help

@@ -582,8 +582,9 @@ def _open_checkpoints(t: Trainer, s: RunState) -> None:
 def _architecture_flags(model: dict) -> list[str]:
     "The `tiny-lm train` flags that give a recorded model (`model_config.json`) the parts it has beyond the defaults."
     cfg = ModelConfig.from_dict(model)
-    flags = [f"--no-{part}" for part in ("rmsnorm", "swiglu", "rope") if not getattr(cfg, f"use_{part}")]
-    flags += [f"--activation {cfg.activation}"] if not cfg.use_swiglu else []
+    flags = [f"--no-{part}" for part in ("rmsnorm", "rope") if not getattr(cfg, f"use_{part}")]
+    if cfg.use_swiglu or cfg.activation != ModelConfig.activation:  # SwiGLU ignores `activation`
+        flags += ["--swiglu"] if cfg.use_swiglu else [f"--activation {cfg.activation}"]
     flags += [f"--{name.replace('_', '-')}" for name in ("qk_norm", "zero_init") if getattr(cfg, name)]
     flags += ["--untied-head"] if not cfg.tie_embeddings else []
     return flags + ([f"--logit-softcap {cfg.logit_softcap:g}"] if cfg.logit_softcap else [])

@@ -48,7 +48,7 @@ PRESETS: dict[str, dict] = {
     "xlarge": dict(d_model=1024, n_layer=24, n_head=16, seq_len=1024),  # GPT-2 medium's shape
 }
 # at V = 4096
-PRESET_LABELS = {"nano": "0.5M", "tiny": "1.4M", "small": "6M", "medium": "28M", "large": "88M", "xlarge": "300M"}
+PRESET_LABELS = {"nano": "0.4M", "tiny": "1.2M", "small": "5M", "medium": "22M", "large": "69M", "xlarge": "240M"}
 
 def preset_config(
     name: str,  # a key of `PRESETS`
@@ -149,7 +149,7 @@ def train_memory_bytes(
     low = cfg.dtype in ("bfloat16", "float16")
     act_bytes = 2 if low else 4
     scores = 4 * 3 * H * T if kernel == "xla" else 4 * H  # fp32 scores, or a flash kernel's softmax statistics
-    per_block = act_bytes * (9 * D + 4 * F) + scores  # bytes per token
+    per_block = act_bytes * (9 * D + (4 if cfg.use_swiglu else 2) * F) + scores  # bytes per token
     logits = 4 * 3 * V
     matmul_outputs = 3 * D + 2 * (cfg.n_kv_head or H) * cfg.head_dim + (2 if cfg.use_swiglu else 1) * F
     kept = {"none": L * per_block + logits,  # every block's activations, and the logits on top
