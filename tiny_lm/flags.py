@@ -255,8 +255,8 @@ def _switch_flags(g, kernels: str = "") -> None:
                        ("flash-attention", flash)]:
         g.add_argument(f"--no-{flag}", action="store_true", help=f"use {what} (default: off)")
     g.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=None, help="Llama's SwiGLU MLP (three "
-                   "matrices, 8/3·D wide) instead of the two-matrix --activation MLP (4·D wide), which --no-swiglu "
-                   "names (default: --no-swiglu; ReLU² won at equal time, 16_recipe)")
+                   "matrices) instead of the two-matrix --activation MLP, which --no-swiglu names; both 8/3·D wide "
+                   "unless --d-ff (default: --no-swiglu: ReLU² won at equal training time, 16_recipe)")
     for flag, what in [("qk-norm", "normalize queries and keys over the head dimension (RMSNorm) before RoPE, as "
                                    "nanochat and Qwen3"),
                        ("zero-init", "start the output projections of attention and the MLP (and an untied head) at "
