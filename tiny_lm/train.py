@@ -677,9 +677,10 @@ def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
 
 # %% ../nbs/04_train.ipynb #2123b1ab
 def decay_from(schedule: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
-    ("`schedule` up to step `start`, then a straight line down from the rate in force there, a step of "
-     "`(rate - end) / n` each of the `n` updates left, to the end rate at the last: the decay a time budget decides.")
-    rate, end = float(schedule_fn(schedule)(start)), cfg.learning_rate * cfg.min_lr_ratio
+    ("`schedule` up to step `start`, then a straight line down from the rate in force there (that of update `start`, "
+     "the last one run), a step of `(rate - end) / n` each of the `n` updates left, to the end rate at the last: the "
+     "decay a time budget decides. Inside the warm-up it too goes only down.")
+    rate, end = float(schedule_fn(schedule)(max(start - 1, 0))), cfg.learning_rate * cfg.min_lr_ratio
     first = rate - (rate - end) / (total_steps - start)
     segment = dict(start=start, start_lr=first, warmup_steps=0, peak_lr=first, end_lr=end, total_steps=total_steps,
                    shape="wsd", decay_steps=total_steps - start, by_clock=True)
