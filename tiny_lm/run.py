@@ -608,18 +608,24 @@ def _describe_run(t: Trainer, s: RunState) -> None:
     t.say(f"compute: {cfg.dtype} (parameters {cfg.param_dtype}) | {describe_attention(cfg)}")
 
 # %% ../nbs/08a_run.ipynb #af687898
-def _budget_left(s: RunState) -> TrainConfig:
-    "The training settings `fit` gets: a time budget counts from the start of the run (the tokenizer, the data)."
-    if not s.train_cfg.time_budget:
+def _budget_left(s: RunState, say=print) -> TrainConfig:
+    ("The training settings `fit` gets: a time budget counts from the start of the run (the tokenizer, the data); a "
+     "run resumed with the budget it was started with goes on with what its last save left of it.")
+    budget = s.train_cfg.time_budget
+    if not budget:
         return s.train_cfg
-    return replace(s.train_cfg, time_budget=max(1.0, s.train_cfg.time_budget - (time.perf_counter() - s.started)))
+    if s.resume_from is not None and s.saved.get("train", {}).get("time_budget") == budget:
+        budget = min(budget, run_meta(s.resume_from)[2].get("metrics", {}).get("budget_left", budget))
+        say(f"time budget: {max(budget, 0):.0f} s left of {s.train_cfg.time_budget:.0f} s at step {s.start} (its "
+            "save's record); a new --time-budget would start a new one")
+    return replace(s.train_cfg, time_budget=max(1.0, budget - (time.perf_counter() - s.started)))
 
 def _train(t: Trainer, s: RunState):
     "The loop (04_train's `fit`) from the start step; a stop by signal or error still finishes the copies in flight."
     main, out = is_main_process(), t.output_dir
     try:
         try:
-            run = fit(s.model, s.optimizer, s.data.batches, _budget_left(s), s.total_steps,
+            run = fit(s.model, s.optimizer, s.data.batches, _budget_left(s, t.say), s.total_steps,
                       val_batches=s.data.val_batches, start_step=s.start, put=batch_put(s.mesh),
                       val_put=global_put(s.mesh), checkpoint=s.ckpt, progress=t.run.progress and main, log=t.say,
                       output_dir=out if main else None, peak=peak_flops(s.model_cfg.dtype),

@@ -504,6 +504,14 @@ class TrainLog:
         return self._steady("tokens_per_sec", lambda h: self.tokens_per_step * h["step"])
 
     @property
+    def wall_tokens_per_sec(self) -> float:
+        "Throughput by the wall clock, from the first log step to the last: the evaluations and saves between included."
+        if len(self.history) < 2:
+            return self.tokens_per_sec
+        first, last = self.history[0], self.history[-1]
+        return self.tokens_per_step * (last["step"] - first["step"]) / (last["time"] - first["time"])
+
+    @property
     def mfu(self) -> float | None:
         "Model FLOPs utilisation of the steady state."
         return self.flops_per_token * self.tokens_per_sec / self.peak_flops if self.peak_flops else None
@@ -659,12 +667,15 @@ def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_
         on_eval(done, model)
 
 def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Optimizer, state, data_state,
-          run: TrainLog) -> float:
-    "Write the state back into the objects and checkpoint them with the latest metrics; returns the time of the save."
+          run: TrainLog, budget: float | None = None) -> float:
+    ("Write the state back into the objects and checkpoint them with the latest metrics (with a time `budget`, the "
+     "seconds left of it: a resumed run goes on with them); returns the time of the save.")
     nnx.update((model, optimizer), state)
     data = {} if data_state is None else {"data": data_state()}
     last_eval = run.evals[-1] if run.evals else {}
     metrics = dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None)
+    if budget:
+        metrics["budget_left"] = budget - (time.perf_counter() - run.started)
     checkpoint(done, model, optimizer, metrics, **data)
     return time.monotonic()
 
@@ -697,7 +708,7 @@ def decay_steps_left(run: TrainLog, cfg: TrainConfig) -> int | None:
     left = cfg.time_budget - now - max(run.longest_pause, run.compile_seconds) - run.compile_seconds
     if left > cfg.decay_fraction * cfg.time_budget:
         return None
-    calls = int(left * run.tokens_per_sec / run.tokens_per_step) // cfg.steps_per_call
+    calls = int(left * run.wall_tokens_per_sec / run.tokens_per_step) // cfg.steps_per_call  # evaluations included
     return cfg.steps_per_call * max(1, calls)
 
 def _agreed(steps: int | None) -> int | None:
@@ -771,7 +782,7 @@ def fit(
                         _evaluate(run, done, metrics, evaluate(eval_step, state, val_batches, val_put), metrics_path,
                                   bar.write if progress else log, live, on_eval, model, optimizer, state)
                     if saving:
-                        last_save = _save(checkpoint, done, model, optimizer, state, data_state, run)
+                        last_save = _save(checkpoint, done, model, optimizer, state, data_state, run, cfg.time_budget)
                 if stop:
                     raise Interrupted(stop, done, saving)
                 if (n := _decay_due(run, cfg, schedule, done)) is not None:
