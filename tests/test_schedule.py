@@ -78,12 +78,12 @@ def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
     """`--time-budget` alone: the run holds the peak, its clock starts the decay, and it ends at the end rate with an
     evaluation and a save; the summary records the budget and the step the decay started at."""
     out = tmp_path / "budget"
-    r = tiny_lm("train", *without(FLAGS, "--log-every"), "--log-every", "5", "--time-budget", "25s",
+    r = tiny_lm("train", *without(FLAGS, "--log-every"), "--log-every", "5", "--time-budget", "15s",
                 "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "training_summary.json").read_text())
     lr, last = rates(out), summary["total_steps"]
-    assert summary["time_budget"] == 25 and 0 < summary["decay_start"] < last == max(lr)
+    assert summary["time_budget"] == 15 and 0 < summary["decay_start"] < last == max(lr)
     assert lr[last] == pytest.approx(PEAK / 10, rel=1e-5)  # the last update at the end rate
     decay = summary["decay_start"]  # (a loaded machine may spend this short budget before the warm-up's end)
     assert lr[decay] == max(lr.values()) and all(lr[s] < lr[decay] for s in lr if s > decay)  # then only down
