@@ -228,5 +228,5 @@ def test_a_budget_run_stopped_and_run_again_goes_on_with_what_was_left(tmp_path)
     r = tiny_lm("train", *flags, "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     assert f"time budget: {left:.0f} s left of 20 s at step {stopped}" in r.stdout, r.stdout
-    summary = json.loads((out / "training_summary.json").read_text())
-    assert summary["total_time"] < left + 4 and summary["decay_start"] > stopped, summary  # not another 20 s
+    summary = json.loads((out / "training_summary.json").read_text())  # (its length depends on the machine's load)
+    assert summary["budget_at_start"] == pytest.approx(left) and summary["decay_start"] > stopped, summary

@@ -389,6 +389,7 @@ class RunState:
     config: dict | None = None  # what every checkpoint records of the run
     start: int = 0  # the step training starts from
     ckpt: Checkpointer | None = None
+    budget: float | None = None  # the time budget this start has, in seconds: all of it, or what a resumed run's save left
 
 # %% ../nbs/08a_run.ipynb #f177f2e3
 class Trainer:
@@ -615,9 +616,10 @@ def _budget_left(s: RunState, say=print) -> TrainConfig:
     if not budget:
         return s.train_cfg
     if s.resume_from is not None and s.saved.get("train", {}).get("time_budget") == budget:
-        budget = min(budget, run_meta(s.resume_from)[2].get("metrics", {}).get("budget_left", budget))
-        say(f"time budget: {max(budget, 0):.0f} s left of {s.train_cfg.time_budget:.0f} s at step {s.start} (its "
-            "save's record); a new --time-budget would start a new one")
+        budget = max(1.0, min(budget, run_meta(s.resume_from)[2].get("metrics", {}).get("budget_left", budget)))
+        say(f"time budget: {budget:.0f} s left of {s.train_cfg.time_budget:.0f} s at step {s.start} (its save's "
+            "record); a new --time-budget would start a new one")
+    s.budget = budget
     return replace(s.train_cfg, time_budget=max(1.0, budget - (time.perf_counter() - s.started)))
 
 def _train(t: Trainer, s: RunState):
@@ -682,7 +684,7 @@ def _summarize(t: Trainer, s: RunState, run) -> dict:
                 "profile": asdict(t.profile) if t.profile else None, "time_budget": s.train_cfg.time_budget,
                 "decay_start": run.decay_start}
     if s.train_cfg.time_budget:  # how close the run landed: its whole wall time, the last evaluation and save included
-        summary["budget_used"] = (time.perf_counter() - s.started) / s.train_cfg.time_budget
+        summary |= {"budget_at_start": s.budget, "budget_used": (time.perf_counter() - s.started) / s.budget}
     if t.run.merge_lora:
         summary["merged_model"] = _write_merged(s.model, s.config, s.tokenizer, t.output_dir, s.total_steps)
     return summary
