@@ -389,7 +389,7 @@ class RunState:
     config: dict | None = None  # what every checkpoint records of the run
     start: int = 0  # the step training starts from
     ckpt: Checkpointer | None = None
-    budget: float | None = None  # the time budget this start has, in seconds: all of it, or what a resumed run's save left
+    budget: float | None = None  # time budget of this start (s): all, or what a resumed run's save left
 
 # %% ../nbs/08a_run.ipynb #f177f2e3
 class Trainer:
