@@ -229,4 +229,4 @@ def test_a_budget_run_stopped_and_run_again_goes_on_with_what_was_left(tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"time budget: {left:.0f} s left of 20 s at step {stopped}" in r.stdout, r.stdout
     summary = json.loads((out / "training_summary.json").read_text())  # (its length depends on the machine's load)
-    assert summary["budget_at_start"] == pytest.approx(left) and summary["decay_start"] > stopped, summary
+    assert summary["budget_at_start"] == pytest.approx(left), summary  # (its decay may be decided already)
