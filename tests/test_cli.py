@@ -373,8 +373,9 @@ def test_speedrun_switches_train_continue_generate_fine_tune_and_export(tmp_path
     assert r.returncode == 0, r.stderr
     assert "parameters, --swiglu, --qk-norm, --zero-init, --untied-head, --logit-softcap 15 |" in r.stdout
     recorded = json.loads((out / "model_config.json").read_text())
-    assert {k: recorded[k] for k in ("qk_norm", "zero_init", "tie_embeddings", "use_swiglu", "activation", "logit_softcap")} == {
-        "qk_norm": True, "zero_init": True, "tie_embeddings": False, "use_swiglu": True, "activation": "relu2", "logit_softcap": 15.0}
+    expected = {"qk_norm": True, "zero_init": True, "tie_embeddings": False, "use_swiglu": True, "activation": "relu2",
+                "logit_softcap": 15.0}
+    assert {k: recorded[k] for k in expected} == expected
     r = tiny_lm("train", "--resume-from", str(out), "--output-dir", str(out), "--max-steps", "6", "--no-progress", "--sample-tokens", "0")
     assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
     assert json.loads((out / "model_config.json").read_text()) == recorded
@@ -418,7 +419,7 @@ def test_lora_fine_tune_resume_merge_generate(trained, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "with LoRA rank 4" in r.stdout and "frozen base parameters" in r.stdout
     summary = json.loads((whole / "training_summary.json").read_text())
-    # d_model 32, 2 heads (qkv 96 wide), d_ff 128, 1 layer: r · (d_in + d_out) over qkv, out, up, down (ReLU²: no gate)
+    # d_model 32, 2 heads (qkv 96 wide), d_ff 128, 1 layer: r · (d_in + d_out) over qkv, out, up, down (no gate)
     assert summary["trainable_params"] == 4 * ((32 + 96) + (32 + 32) + 2 * (32 + 128))
     assert summary["init_from"]["path"] == str(out.absolute()) and summary["merged_model"].endswith("merged")
     assert (whole / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()

@@ -491,12 +491,13 @@ class TrainLog:
         "Tokens trained on in this call."
         return self.steps * self.tokens_per_step
 
-    def _steady(self, key: str, amount: Callable[[dict], float]) -> float:
-        "What `amount` of a log record gains per second, from the first log step to the last."
+    def _steady(self, key: str, amount: Callable[[dict], float], clock: str = "clock") -> float:
+        ("What `amount` of a log record gains per second of `clock` (the loop's, evaluation excluded; or `time`, "
+         "the wall's), from the first log step to the last.")
         if len(self.history) < 2:  # one log step: its own `key`, which leaves out compilation like the others
             return self.history[0][key] if self.history else 0.0
         first, last = self.history[0], self.history[-1]
-        return (amount(last) - amount(first)) / (last["clock"] - first["clock"])
+        return (amount(last) - amount(first)) / (last[clock] - first[clock])
 
     @property
     def tokens_per_sec(self) -> float:
@@ -506,10 +507,7 @@ class TrainLog:
     @property
     def wall_tokens_per_sec(self) -> float:
         "Throughput by the wall clock, from the first log step to the last: the evaluations and saves between included."
-        if len(self.history) < 2:
-            return self.tokens_per_sec
-        first, last = self.history[0], self.history[-1]
-        return self.tokens_per_step * (last["step"] - first["step"]) / (last["time"] - first["time"])
+        return self._steady("tokens_per_sec", lambda h: self.tokens_per_step * h["step"], clock="time")
 
     @property
     def mfu(self) -> float | None:
