@@ -124,8 +124,8 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
         """Fill an empty cache with the window so far `[B, T]`, returned as one cache per layer; sample each row's
         token after position `last` (token `n`)."""
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        logits_BTV, cache = model.extend(tokens_BT, cache, 0)  # splash on a TPU, cuDNN on a GPU
-        return (sample_rows(logits_BTV[:, last], jax.random.fold_in(key, n), temperature, top_p, **mode),
+        logits_B1V, cache = model.extend(tokens_BT, cache, 0, only=last)  # splash on a TPU, cuDNN on a GPU
+        return (sample_rows(logits_B1V[:, 0], jax.random.fold_in(key, n), temperature, top_p, **mode),
                 _layer_caches(cache))
 
     def decode(leaves, layers, kv_L, token_B, position, key, n, steps, temperature, top_p, **mode):

@@ -406,10 +406,13 @@ class Transformer(nnx.Module):
             return jax.lax.scan(jax.checkpoint(block, policy=REMAT[remat]), x_BTD, (layers, keys_L, cache))
         return scan_layers(block, x_BTD, (layers, keys_L, cache))
 
-    def extend(self, tokens_BT: jax.Array, cache: dict, start) -> tuple[jax.Array, dict]:
-        "Logits of tokens at window positions `start …`, their keys and values written into `cache` (07_generate)."
+    def extend(self, tokens_BT: jax.Array, cache: dict, start, only=None) -> tuple[jax.Array, dict]:
+        """Logits of tokens at window positions `start …`, their keys and values written into `cache` (07_generate).
+        `only`: the logits of that one token `[B, 1, V]` (a prompt's last): the head is most of a short model's work."""
         x_BTD, rope_TK = self.inputs(tokens_BT, start + jnp.arange(tokens_BT.shape[1]))
         x_BTD, cache = self.run_blocks(x_BTD, rope_TK, cache=cache, start=start)
+        if only is not None:
+            x_BTD = jax.lax.dynamic_slice_in_dim(x_BTD, only, 1, axis=1)
         return self.logits(x_BTD), cache
 
     def layer(self, i: int) -> Block:
