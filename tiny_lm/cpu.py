@@ -5,7 +5,9 @@
 # %% ../nbs/15_performance.ipynb #eb5425ab
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 from collections.abc import Callable
 from functools import cache
 
@@ -15,7 +17,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 # %% auto #0
-__all__ = ['fast_path', 'cpu_matmul', 'dot_general', 'compiler_options', 'scan_layers', 'one_all_reduce']
+__all__ = ['fast_path', 'cpu_matmul', 'dot_general', 'compiler_options', 'scan_layers', 'one_all_reduce', 'lean_host_memory',
+           'release_freed_memory']
 
 # %% ../nbs/15_performance.ipynb #8c227487
 def fast_path() -> bool:
@@ -103,3 +106,24 @@ def one_all_reduce(grads_fn: Callable, state, rows_per_device: int = 1, platform
         # check_vma off: cpu_matmul's custom VJP does not mark its weight gradients as varying over the devices
         return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axes)), out_specs=P(), check_vma=False)(state, batch_BT)
     return grads
+
+# %% ../nbs/15_performance.ipynb #6324d279
+_M_ARENA_MAX = -8  # mallopt's parameter (malloc.h)
+
+def _glibc():
+    "The C library when it is glibc (it has `mallopt` and `malloc_trim`), else None."
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    libc = ctypes.CDLL(None)
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+def lean_host_memory(arenas: int = 4) -> bool:
+    """Have glibc's malloc keep at most `arenas` arenas (threads share them; glibc's own limit is 8 per core).
+    Call it before the threads start; False: not glibc."""
+    libc = _glibc()
+    return libc is not None and libc.mallopt(_M_ARENA_MAX, arenas) == 1
+
+def release_freed_memory() -> bool:
+    "Give the pages malloc holds free back to the system (glibc's `malloc_trim`); whether any went back."
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False

@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from .cpu import compiler_options, one_all_reduce
+from .cpu import compiler_options, one_all_reduce, release_freed_memory
 from .data import step_batches
 from .errors import TinyLMError
 from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
@@ -610,6 +610,7 @@ def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable,
         run.compile_seconds += time.perf_counter() - called
         run.eval_seconds += time.perf_counter() - called  # out of the rates, like evaluation
         run.tokens_per_step = batches_BT[0].shape[0] * seq_len
+        release_freed_memory()  # the compiler's working memory, which malloc would keep under the steps' own
     run.outside += called - fetched
     run.steps += steps
     return state, metrics, data_states[-1]
@@ -658,6 +659,8 @@ def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_
     if metrics_path is not None:
         plot_losses(metrics_path)
     say(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {val_loss:.4f}")
+    if len(run.evals) == 1:
+        release_freed_memory()  # the first evaluation compiled its step: the compiler's memory goes back
     if live:
         live.update(run, force=True)
     if on_eval:
