@@ -659,8 +659,7 @@ def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_
     if metrics_path is not None:
         plot_losses(metrics_path)
     say(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {val_loss:.4f}")
-    if len(run.evals) == 1:
-        release_freed_memory()  # the first evaluation compiled its step: the compiler's memory goes back
+    release_freed_memory()  # what the evaluation (its compiling, the first time) and the last save freed goes back
     if live:
         live.update(run, force=True)
     if on_eval:
@@ -734,6 +733,7 @@ def _decay_now(model: Transformer, optimizer: nnx.Optimizer, state, cfg: TrainCo
     nnx.update((model, optimizer), state)
     schedule.update(decay_from(schedule, cfg, done, total_steps))  # the checkpoints from now on record it
     set_schedule(optimizer, cfg, schedule)
+    release_freed_memory()  # the decaying step compiles next: on as little as the run holds
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed,
                                         cfg.steps_per_call, remat=cfg.remat)
     run.decay_start, run.compiling, bar.total = done, True, total_steps
