@@ -17,8 +17,8 @@ import jax
 from .bench import bench_data, bench_generate, bench_train, describe_bench
 from .checkpoint import load_checkpoint, run_meta
 from .copies import cloud_destination, redact
-from .data import DataConfig, TextSource, open_source
 from .cpu import lean_host_memory
+from .data import DataConfig, TextSource, open_source
 from .errors import TinyLMError
 from .export import export_hf
 from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
