@@ -3,9 +3,11 @@ and 7): one 30-step run, resumed at the same length and continued to twice its l
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from test_cli import SMALL, tiny_lm, without
+from test_faults import steps_on_disk
 
 PEAK, WARMUP = 3e-3, 3  # --warmup-steps 50 on a 30-step run: at most a tenth of it
 FLAGS = [*without(SMALL, "--eval-every", "--save-every"), "--learning-rate", str(PEAK), "--warmup-steps", "50",
@@ -76,10 +78,10 @@ def test_training_further_never_jumps_the_rate(short_run, tmp_path):
 
 def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
     """`--time-budget` alone: the run holds the peak, its clock starts the decay, and it ends at the end rate with an
-    evaluation and a save; the summary records the budget and the step the decay started at."""
-    out = tmp_path / "budget"
-    r = tiny_lm("train", *without(FLAGS, "--log-every"), "--log-every", "5", "--time-budget", "15s",
-                "--output-dir", str(out))
+    evaluation and a save; the summary records the budget and the step the decay started at. Stopped inside its
+    decay and run again, it ends on the same weights, bit for bit."""
+    out, command = tmp_path / "budget", [*without(FLAGS, "--log-every"), "--log-every", "5", "--time-budget", "15s"]
+    r = tiny_lm("train", *command, "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "training_summary.json").read_text())
     lr, last = rates(out), summary["total_steps"]
@@ -89,3 +91,25 @@ def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
     assert lr[decay] == max(lr.values()) and all(lr[s] < lr[decay] for s in lr if s > decay)  # then only down
     assert (out / f"checkpoint_step_{last}").is_dir() and summary["final_val_loss"] is not None
     print(f"budget used: {summary['budget_used']:.3f}")  # how close it landed, on a machine shared with other tests
+
+    # a copy of the run stopped inside its decay: the same command resumes it with the same compiled step (the decay
+    # is the step's data), to the length its clock decided, on the weights of the run that was not stopped
+    inside = [s for s in steps_on_disk(out) if decay < s < last]
+    assert inside, (decay, last, steps_on_disk(out))
+    stopped = tmp_path / "stopped"
+    shutil.copytree(out, stopped)
+    for later in [f"checkpoint_step_{s}" for s in steps_on_disk(out) if s > inside[0]] + ["final_checkpoint", "best_checkpoint"]:
+        shutil.rmtree(stopped / later, ignore_errors=True)
+    r = tiny_lm("train", *command, "--output-dir", str(stopped))
+    assert r.returncode == 0, r.stderr
+    assert f"at step {inside[0]} of {last}" in r.stdout, r.stdout
+    for whole, resumed in zip(params(out / f"checkpoint_step_{last}"), params(stopped / f"checkpoint_step_{last}")):
+        np.testing.assert_array_equal(whole, resumed)
+
+
+def params(checkpoint) -> list:
+    from flax import nnx
+    import jax
+    from tiny_lm.checkpoint import load_checkpoint
+    model, _, _ = load_checkpoint(checkpoint)
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]

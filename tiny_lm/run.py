@@ -44,7 +44,7 @@ from .show import in_notebook
 from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config, size_report
 from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
-from .train import (TrainConfig, continue_schedule, fit, init_model, legacy_schedule,
+from .train import (BUDGET_STEPS, TrainConfig, continue_schedule, fit, init_model, legacy_schedule,
                            new_schedule, set_schedule, use_compile_cache)
 
 # %% auto #0
@@ -528,7 +528,6 @@ def _restore_run(t: Trainer, s: RunState) -> None:
         moved = set_aside(t.output_dir, meta["damaged"])
         t.say(f"moved the unreadable {', '.join(p.name.removesuffix('.damaged') for p in moved)} aside "
               f"(now {', '.join(p.name for p in moved)})")
-    t.say(f"resumed {s.resume_from} at step {s.start} of {s.total_steps}")
 
 def _already_done(t: Trainer, s: RunState) -> dict:
     "A resumed run that has trained all its steps: say so and return its summary."
@@ -559,6 +558,8 @@ def _schedule_run(t: Trainer, s: RunState) -> None:
         s.total_steps = saved["total_steps"]
     s.config["schedule"] = continue_schedule(saved, s.train_cfg, s.start, s.total_steps)
     set_schedule(s.optimizer, s.train_cfg, s.config["schedule"])
+    length = "(its time budget decides the length)" if s.total_steps == BUDGET_STEPS else f"of {s.total_steps}"
+    t.say(f"resumed {s.resume_from} at step {s.start} {length}")
 
 # %% ../nbs/08a_run.ipynb #9ca6b251
 def _open_checkpoints(t: Trainer, s: RunState) -> None:

@@ -33,11 +33,12 @@ from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
 __all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'SCHEDULES', 'LOGITS_MEMORY_SHARE', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM',
-           'COMPILE_CACHE', 'TrainConfig', 'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn',
-           'continue_schedule', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model',
-           'set_schedule', 'loss_fn', 'logits_budget', 'chunked_cross_entropy', 'dropout_key', 'make_train_step',
-           'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted',
-           'stop_signals', 'decay_from', 'decay_steps_left', 'fit']
+           'COMPILE_CACHE', 'NOT_DECIDED', 'TrainConfig', 'warmup_for', 'new_schedule', 'legacy_schedule',
+           'schedule_fn', 'continue_schedule', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip',
+           'init_model', 'set_schedule', 'loss_fn', 'logits_budget', 'chunked_cross_entropy', 'dropout_key',
+           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog',
+           'Interrupted', 'stop_signals', 'decay_from', 'decay_data', 'clock_rates', 'budget_optimizer',
+           'decay_steps_left', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 SAVED_BEFORE = {"lr_schedule": "cosine"}  # runs saved before a field existed trained with this value of it
@@ -229,11 +230,12 @@ def muon_dimensions(params) -> object:
         return None
     return jax.tree_util.tree_map_with_path(dims, params)
 
-def make_optimizer(cfg: TrainConfig, total_steps: int, schedule: dict | None = None) -> optax.GradientTransformation:
-    ("Clipping, then `cfg.optimizer` at the rates of `schedule` (default: a new run's), skipping non-finite steps: "
-     "AdamW with decay on `decay_mask`; or Muon on `muon_dimensions` (its rates scaled to `muon_learning_rate`, "
-     "decay on all of them) and AdamW on the rest, without decay.")
-    rates = schedule_fn(schedule or new_schedule(cfg, total_steps))
+def make_optimizer(cfg: TrainConfig, total_steps: int, schedule: dict | None = None,
+                   rates: optax.Schedule | None = None) -> optax.GradientTransformation:
+    ("Clipping, then `cfg.optimizer` at the rates of `schedule` (default: a new run's; or the `rates` given), "
+     "skipping non-finite steps: AdamW with decay on `decay_mask`; or Muon on `muon_dimensions` (its rates scaled to "
+     "`muon_learning_rate`, decay on all of them) and AdamW on the rest, without decay.")
+    rates = rates or schedule_fn(schedule or new_schedule(cfg, total_steps))
     if cfg.optimizer == "adamw":
         inner = optax.adamw(rates, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay, mask=decay_mask)
     else:
@@ -372,10 +374,12 @@ def dropout_key(seed: int, step) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), DROPOUT_STREAM), step)
 
 def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: int = 1, seed: int = 0,
-                    steps_per_call: int = 1, platform: str | None = None, remat: str = "none"):
+                    steps_per_call: int = 1, platform: str | None = None, remat: str = "none",
+                    decaying: Callable[[dict], optax.GradientTransformation] | None = None):
     ("A jitted `step(state, batch_BT) -> (state, metrics)` over the arrays of `(model, optimizer)`, and the "
      "initial state. With `steps_per_call` > 1 it takes a tuple of batches, one optimizer step each. `platform`: "
-     "the one it is lowered for (default: this machine's).")
+     "the one it is lowered for (default: this machine's). `decaying` (a time budget's run): the optimizer for a "
+     "decay given as data, `step(state, batch_BT, decay)`; starting the decay then compiles nothing.")
     graphdef, state = nnx.split((model, optimizer))
     use_dropout = model.cfg.dropout_rate > 0
     grads_fn = partial(_grads, accum_steps=accum_steps, wrt=optimizer.wrt, remat=remat)
@@ -384,8 +388,10 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
     layout = mesh_of(state)  # the splash kernel's shard_map needs it while tracing
 
     @on_mesh(layout)
-    def train_step(state, batch_BT):
+    def train_step(state, batch_BT, decay=None):
         model, optimizer = nnx.merge(graphdef, state)
+        if decay is not None:  # the rates come from the call's data (`clock_rates`), not from constants
+            optimizer.tx = decaying(decay)
         key = dropout_key(seed, optimizer.step[...]) if use_dropout else None
         loss, grads = grads_fn(model, batch_BT, key)
         optimizer.update(model, grads)
@@ -396,10 +402,10 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
     return jax.jit(step, donate_argnums=0, compiler_options=compiler_options()), state
 
 def steps_in_one_call(train_step: Callable) -> Callable:
-    ("`train_step(state, batch_BT)` scanned over a tuple of batches: the last step's loss and gradient norm, the "
-     "most skipped steps in a row seen, and every step's loss (`losses`).")
-    def train_steps(state, batches):  # compiled as jit_train_steps: the profiler's op tables find it by that name
-        state, metrics_K = jax.lax.scan(train_step, state, jnp.stack(batches))
+    ("`train_step(state, batch_BT[, decay])` scanned over a tuple of batches: the last step's loss and gradient "
+     "norm, the most skipped steps in a row seen, and every step's loss (`losses`).")
+    def train_steps(state, batches, decay=None):  # compiled as jit_train_steps: the profiler's op tables find it
+        state, metrics_K = jax.lax.scan(partial(train_step, decay=decay), state, jnp.stack(batches))
         return state, {"loss": metrics_K["loss"][-1], "grad_norm": metrics_K["grad_norm"][-1],
                        "skipped": metrics_K["skipped"].max(), "losses": metrics_K["loss"]}
     return train_steps
@@ -477,7 +483,7 @@ class TrainLog:
     outside: float = 0.0  # seconds of host work outside the compiled step (data, transfers, metrics)
     eval_seconds: float = 0.0  # seconds spent evaluating and checkpointing
     compile_seconds: float = 0.0  # the first step's call: tracing and compiling
-    compiling: bool = True  # the next call traces and compiles (the first; and the one after the decay is decided)
+    compiling: bool = True  # the next call traces and compiles (the first)
     longest_pause: float = 0.0  # the longest evaluation and checkpoint between two calls, in seconds
     decay_start: int | None = None  # a time budget's run: the step its clock started the decay at
 
@@ -698,10 +704,39 @@ def decay_from(schedule: dict, cfg: TrainConfig, start: int, total_steps: int) -
     kept = [s for s in schedule["segments"] if s["start"] < start]
     return dict(schedule, total_steps=total_steps, end_lr=end, segments=[*kept, segment])
 
+NOT_DECIDED = 2**31 - 1  # the first update of a decay the clock has not decided yet: one no run reaches
+
+def decay_data(schedule: dict) -> dict:
+    ("The decay a time budget's clock wrote into `schedule` (`decay_from`) as the train step's data: its first "
+     "update, first and end rates and length; one that never starts while the clock has not decided.")
+    seg = schedule["segments"][-1]
+    if not seg.get("by_clock"):
+        return dict(start=np.int32(NOT_DECIDED), first=np.float32(0), end=np.float32(0), steps=np.int32(1))
+    return dict(start=np.int32(seg["start"]), first=np.float32(seg["start_lr"]), end=np.float32(seg["end_lr"]),
+                steps=np.int32(seg["total_steps"] - seg["start"]))
+
+def clock_rates(schedule: dict, decay: dict) -> optax.Schedule:
+    ("The rates of a run with a time budget: `schedule` as it was before its clock decided, then from update "
+     "`decay['start']` a straight line from its `first` rate to its `end` rate at the last of its `steps` updates. "
+     "`decay` may be traced (`decay_data` given to the step): the same compiled step serves before and after.")
+    before = schedule_fn(dict(schedule, segments=[s for s in schedule["segments"] if not s.get("by_clock")]))
+    def rate(count):
+        k = count - decay["start"]
+        down = jnp.minimum(k, decay["steps"] - 1) / jnp.maximum(decay["steps"] - 1, 1)
+        return jnp.where(k >= 0, decay["first"] + (decay["end"] - decay["first"]) * down, before(count))
+    return rate
+
+def budget_optimizer(cfg: TrainConfig, schedule: dict) -> Callable[[dict], optax.GradientTransformation] | None:
+    "`make_train_step`'s `decaying` for a run with a time budget: `cfg`'s optimizer at `clock_rates`; None: no budget."
+    if not cfg.time_budget:
+        return None
+    return lambda decay: make_optimizer(cfg, 0, rates=clock_rates(schedule, decay))
+
 def decay_steps_left(run: TrainLog, cfg: TrainConfig) -> int | None:
     ("After a call of a run with a time budget: None while the peak holds, else the steps (whole calls, at least one) "
      "that what is left of the budget fits, keeping back the last evaluation and save (the longest pause seen, or "
-     "a compile if longer) and the compile of the decaying step.")
+     "a compile if longer) and one compile more: `tiny-lm train` scores the validation text after the last step, "
+     "with a program of its own.")
     if len(run.history) < 2:  # no steady step time yet
         return None
     now = time.perf_counter() - run.started
@@ -727,18 +762,15 @@ def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict, done: int) -> in
         return None
     return _agreed(decay_steps_left(run, cfg))
 
-def _decay_now(model: Transformer, optimizer: nnx.Optimizer, state, cfg: TrainConfig, schedule: dict, done: int,
-               total_steps: int, run: TrainLog, bar):
-    "Start the decay at step `done` to end at `total_steps`: the schedule rewritten in place, the step compiled anew."
-    nnx.update((model, optimizer), state)
+def _decay_now(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict, done: int, total_steps: int, run: TrainLog,
+               bar) -> dict:
+    ("Start the decay at step `done` to end at `total_steps`: the schedule rewritten in place; returns the decay as "
+     "the step's data (`decay_data`).")
     schedule.update(decay_from(schedule, cfg, done, total_steps))  # the checkpoints from now on record it
-    set_schedule(optimizer, cfg, schedule)
-    release_freed_memory()  # the decaying step compiles next: on as little as the run holds
-    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed,
-                                        cfg.steps_per_call, remat=cfg.remat)
-    run.decay_start, run.compiling, bar.total = done, True, total_steps
+    set_schedule(optimizer, cfg, schedule)  # the optimizer `fit` hands back has the rates it trained with
+    run.decay_start, bar.total = done, total_steps
     bar.refresh()
-    return train_step, state, schedule_fn(schedule), total_steps
+    return decay_data(schedule)
 
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
@@ -760,11 +792,11 @@ def fit(
     schedule: dict | None = None,
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
-    K = cfg.steps_per_call
+    K, schedule = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps)
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K,
-                                         remat=cfg.remat)
+                                        remat=cfg.remat, decaying=budget_optimizer(cfg, schedule))
+    step = partial(train_step, decay=decay_data(schedule)) if cfg.time_budget else train_step
     eval_step, val_put = make_eval_step(model, optimizer), val_put or put
-    schedule = schedule or new_schedule(cfg, total_steps)
     rates = schedule_fn(schedule)
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
     loader = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K))
@@ -773,7 +805,7 @@ def fit(
         try:
             while done < total_steps:  # one call: K steps (fewer at the end)
                 before, done = done, min(done + K, total_steps)
-                state, metrics, data_state = _fetch_and_train(run, loader, put, train_step, state, model.cfg.seq_len,
+                state, metrics, data_state = _fetch_and_train(run, loader, put, step, state, model.cfg.seq_len,
                                                               done - before, K)
                 _log_step(run, cfg, before, done, total_steps, metrics, rates, bar, live, metrics_path)
                 evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested,
@@ -786,9 +818,10 @@ def fit(
                         last_save = _save(checkpoint, done, model, optimizer, state, data_state, run, cfg.time_budget)
                 if stop:
                     raise Interrupted(stop, done, saving)
-                if (n := _decay_due(run, cfg, schedule, done)) is not None:
-                    train_step, state, rates, total_steps = _decay_now(model, optimizer, state, cfg, schedule, done,
-                                                                       done + n, run, bar)
+                if (n := _decay_due(run, cfg, schedule, done)) is not None:  # the same step, given the decay
+                    total_steps = done + n
+                    step = partial(train_step, decay=_decay_now(optimizer, cfg, schedule, done, total_steps, run, bar))
+                    rates = schedule_fn(schedule)
         finally:  # donated buffers: the objects must get the live state back, even after an exception
             loader.close()
             bar.close()
