@@ -18,7 +18,16 @@ DATA = Path(__file__).parent / "data"
 JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR")  # check.sh's, for the whole run
              or str(Path(tempfile.gettempdir()) / "tiny_lm_tests_jax_cache"),
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=2", **JAX_CACHE}
+# The XLA flags the whole test run was given (tests/check.sh: LLVM's optimisations off, to compile faster), with each
+# test's count of CPU devices added.
+XLA_BASE = os.environ.get("XLA_FLAGS", "")
+
+
+def xla_flags(devices: int | None = None) -> str:
+    return f"{XLA_BASE} --xla_force_host_platform_device_count={devices}".strip() if devices else XLA_BASE
+
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "XLA_FLAGS": xla_flags(2), **JAX_CACHE}
 SMALL = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "384", "--seq-len", "32",
          "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--batch-size", "4",  # per device: 8 on the 2 devices
          "--eval-every", "40", "--save-every", "40", "--no-progress",
@@ -547,11 +556,11 @@ def test_resume_on_other_devices_keeps_the_global_batch(tmp_path):
     out = tmp_path / "o"
     r = tiny_lm("train", *without(SMALL, "--batch-size"), "--batch-size", "3", "--max-steps", "2", "--save-every", "2", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
-    four = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    four = {**ENV, "XLA_FLAGS": xla_flags(4)}
     refused = tiny_lm("train", "--resume-from", str(out), "--output-dir", str(out), "--max-steps", "4", "--no-progress", env=four)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "a global batch of 6 sequences does not split over 4 devices: use 4 or 8" in refused.stderr
-    three = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+    three = {**ENV, "XLA_FLAGS": xla_flags(3)}
     resumed = tiny_lm("train", "--resume-from", str(out), "--output-dir", str(out), "--max-steps", "4", "--no-progress", env=three)
     assert resumed.returncode == 0, resumed.stderr
     assert "2 per device on these 3 devices" in resumed.stdout
@@ -578,7 +587,7 @@ def test_non_finite_gradients_stop_the_run_with_checkpoints_intact(tmp_path):
     assert check.returncode == 0, check.stderr
 
 
-CORES = {k: v for k, v in ENV.items() if k != "XLA_FLAGS"}  # no fake devices: tiny-lm splits the CPU into devices itself
+CORES = {**ENV, "XLA_FLAGS": xla_flags()}  # no fake devices: tiny-lm splits the CPU into devices itself
 USABLE = len(os.sched_getaffinity(0))
 
 
@@ -719,7 +728,7 @@ def test_generate_eval_export_bad_input(trained, tmp_path, capsys, case):
 
 
 def test_bench_generate_cache_is_ten_times_faster():
-    env = {**ENV, "XLA_FLAGS": ""}  # one CPU device, as a laptop user runs it
+    env = {**ENV, "XLA_FLAGS": xla_flags()}  # one CPU device, as a laptop user runs it
     r = tiny_lm("bench", "generate", "--json", env=env)
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.strip()]

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cli import JAX_CACHE  # the CLI tests' compilation cache (check.sh's, for the whole run)
+from test_cli import JAX_CACHE, xla_flags  # the CLI tests' compilation cache (check.sh's, for the whole run)
 from tiny_lm.data import Batches, DataConfig, StreamingBatches, load_tokens, open_source
 from tiny_lm.errors import TinyLMError
 from tiny_lm.tokenizer import TokenizerConfig, train_tokenizer
@@ -385,7 +385,7 @@ def test_two_processes_share_the_data(tmp_path, tokenizer):
             "out": str(tmp_path / "out"), "seq_len": SEQ, "batch": B, "steps": 20}
     script = tmp_path / "multihost.py"
     script.write_text(MULTIHOST_SCRIPT)
-    env = {**ENV, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {**ENV, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(4)}
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), json.dumps(spec)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -586,7 +586,7 @@ def test_small_sources_train_with_a_validation_loss(tmp_path):
              write_jsonl(tmp_path / "five.jsonl", make_docs(5, words=(300, 400))),
              write_txt(tmp_path / "one.txt", make_docs(1, words=(3000, 3000)))]
     r = subprocess.run([sys.executable, "-c", TRAIN_SMALL, *map(str, paths)], capture_output=True, text=True,
-                       env={**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **JAX_CACHE}, timeout=600)
+                       env={**ENV, "XLA_FLAGS": xla_flags(1), **JAX_CACHE}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     summaries = [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert len(summaries) == 3 and all(np.isfinite(s["final_val_loss"]) for s in summaries)

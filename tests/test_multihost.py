@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import JAX_CACHE, in_process
+from test_cli import JAX_CACHE, in_process, xla_flags
 
 HERE = Path(__file__).parent
 DATA = HERE / "data"
-ENV = {**os.environ, **JAX_CACHE, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
+ENV = {**os.environ, **JAX_CACHE, "XLA_FLAGS": xla_flags(4), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
        "JAX_PLATFORMS": "cpu"}
 
 
@@ -49,7 +49,7 @@ def test_two_processes_train_together(tmp_path):
     for a, b in zip(p0["windows"], p1["windows"]):  # each process read its own rows of every batch
         assert not set(a) & set(b)
     # the same global batch on one process with 8 devices gives the same run
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**ENV, "XLA_FLAGS": xla_flags(8)}
     single = subprocess.run([sys.executable, str(HERE / "multihost_worker.py"), str(tmp_path / "one.json")],
                             capture_output=True, text=True, env=env, timeout=240)
     assert single.returncode == 0, single.stderr[-3000:]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import DATA, ENV, tiny_lm  # noqa: F401  (the same environment as the CLI tests)
+from test_cli import DATA, ENV, tiny_lm, xla_flags  # noqa: F401  (the same environment as the CLI tests)
 
 SCRIPT = """
 from tiny_lm import Trainer, ModelConfig, TrainConfig, DataConfig, TokenizerConfig
@@ -37,7 +37,7 @@ def test_seed_script_without_main_guard_finishes(tmp_path, how):
     streaming = "streaming" in how
     script = tmp_path / "train_script.py"
     script.write_text(SCRIPT.format(folder=str(corpus_folder(tmp_path)), streaming=streaming, out=str(tmp_path / "out")))
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**ENV, "XLA_FLAGS": xla_flags(1)}
     if streaming:
         r = subprocess.run([sys.executable, "-"], stdin=script.open(), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
     else:
