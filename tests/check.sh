@@ -22,10 +22,11 @@ unset PYTHONDONTWRITEBYTECODE
 header() { printf '\n== check %s ==\n' "$1"; }
 
 # Every program the checks compile is compiled with LLVM's optimisations off. Most of the checks' CPU time is XLA
-# compiling tiny models, and on two cores this takes ~15 % off the notebooks (357 s -> 301 s); the programs compute the
-# same things (XLA's own rewrites and the Eigen/oneDNN products do not depend on it), their float sums in another
-# order at most (a 30-step run's losses within 1.5e-5). Users' runs compile with XLA's default; the float-order tests
-# (tests/test_float_order.py) set flags of their own.
+# compiling tiny models: on two cores this takes the notebooks from 357 s to 312 s and pytest from 489 s to ~400 s.
+# The programs compute the same things (XLA's own rewrites and the library products do not depend on it), their
+# float sums in another order at most (a 30-step run's losses within 1.5e-5), but their element-wise loops run slower
+# (decoding ~10x). So what users run compiles with XLA's default, and so do the checks of speed and profiles
+# (test_cli's AS_USERS) and the float-order tests (tests/test_float_order.py: flags of their own).
 export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_optimization_level=0"
 
 # One JAX persistent compilation cache for the whole run, new each run: a program compiled by one notebook or test
