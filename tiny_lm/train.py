@@ -793,6 +793,7 @@ def fit(
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K, schedule = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps)
+    release_freed_memory()  # what making the model freed (compiling its init, say) goes back before the step compiles
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K,
                                         remat=cfg.remat, decaying=budget_optimizer(cfg, schedule))
     step = partial(train_step, decay=decay_data(schedule)) if cfg.time_budget else train_step
