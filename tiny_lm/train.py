@@ -794,9 +794,10 @@ def fit(
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K, schedule = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps)
     release_freed_memory()  # what making the model freed (compiling its init, say) goes back before the step compiles
+    decaying = budget_optimizer(cfg, schedule)  # a time budget's run: its step takes the decay as data
     train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K,
-                                        remat=cfg.remat, decaying=budget_optimizer(cfg, schedule))
-    step = partial(train_step, decay=decay_data(schedule)) if cfg.time_budget else train_step
+                                        remat=cfg.remat, decaying=decaying)
+    step = train_step if decaying is None else partial(train_step, decay=decay_data(schedule))
     eval_step, val_put = make_eval_step(model, optimizer), val_put or put
     rates = schedule_fn(schedule)
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
