@@ -80,7 +80,11 @@ def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
     """`--time-budget` alone: the run holds the peak, its clock starts the decay, and it ends at the end rate with an
     evaluation and a save; the summary records the budget and the step the decay started at. Stopped inside its
     decay and run again, it ends on the same weights, bit for bit."""
-    out, command = tmp_path / "budget", [*without(FLAGS, "--log-every"), "--log-every", "5", "--time-budget", "15s"]
+    # a save every step and half the budget for the decay: a checkpoint inside the decay once it is two steps long,
+    # even where the machine is loaded and the compile takes much of these 15 s (CI once decayed over steps 10-15 only)
+    out = tmp_path / "budget"
+    command = [*without(FLAGS, "--log-every", "--save-every"), "--log-every", "2", "--save-every", "1",
+               "--decay-fraction", "0.5", "--time-budget", "15s"]
     r = tiny_lm("train", *command, "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "training_summary.json").read_text())

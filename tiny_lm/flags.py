@@ -90,8 +90,8 @@ _HELP = {
     "muon_learning_rate": "--optimizer muon: peak learning rate of the Muon matrices; --learning-rate stays the "
                           "AdamW part's (default: 0.02)",
     "lr_schedule": "cosine: warm-up, then a cosine to the end rate; wsd: warm-up, the peak held, then a straight line "
-                   "to the end rate over the last --decay-fraction of the run (default: cosine)",
-    "decay_fraction": "--lr-schedule wsd: the share of the run, at its end, spent decaying (default: 0.5)",
+                   "to the end rate over the last --decay-fraction of the run (default: wsd)",
+    "decay_fraction": "--lr-schedule wsd: the share of the run, at its end, spent decaying (default: 0.3)",
     "time_budget": "train until this much wall time is spent (90s, 45m, 1.5h; a bare number is minutes), "
                    "evaluation and the last save included: the wsd decay starts by the clock, --decay-fraction "
                    "of the budget before its end; --max-steps and --epochs, if given, still cap the run (default: "
