@@ -81,17 +81,18 @@ def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
     evaluation and a save; the summary records the budget and the step the decay started at. Stopped inside its
     decay and run again, it ends on the same weights, bit for bit."""
     # a save every step and half the budget for the decay: a checkpoint inside the decay once it is two steps long,
-    # even where the machine is loaded and the compile takes much of these 15 s (CI once decayed over steps 10-15 only)
+    # even where the machine is loaded and the compile takes much of these 15 s (CI once decayed over steps 10-15
+    # only); a 2-step warm-up, over before the clock can decide (its first log step with a step time: 4)
     out = tmp_path / "budget"
-    command = [*without(FLAGS, "--log-every", "--save-every"), "--log-every", "2", "--save-every", "1",
-               "--decay-fraction", "0.5", "--time-budget", "15s"]
+    command = [*without(FLAGS, "--log-every", "--save-every", "--warmup-steps"), "--log-every", "2", "--save-every",
+               "1", "--warmup-steps", "2", "--decay-fraction", "0.5", "--time-budget", "20s"]
     r = tiny_lm("train", *command, "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "training_summary.json").read_text())
     lr, last = rates(out), summary["total_steps"]
-    assert summary["time_budget"] == 15 and 0 < summary["decay_start"] < last == max(lr)
+    assert summary["time_budget"] == 20 and 0 < summary["decay_start"] < last == max(lr)
     assert lr[last] == pytest.approx(PEAK / 10, rel=1e-5)  # the last update at the end rate
-    decay = summary["decay_start"]  # (a loaded machine may spend this short budget before the warm-up's end)
+    decay = summary["decay_start"]
     assert lr[decay] == max(lr.values()) and all(lr[s] < lr[decay] for s in lr if s > decay)  # then only down
     assert (out / f"checkpoint_step_{last}").is_dir() and summary["final_val_loss"] is not None
     print(f"budget used: {summary['budget_used']:.3f}")  # how close it landed, on a machine shared with other tests
