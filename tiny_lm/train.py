@@ -696,7 +696,8 @@ def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
 def decay_from(schedule: dict, cfg: TrainConfig, start: int, total_steps: int) -> dict:
     ("`schedule` up to step `start`, then a straight line down from the rate in force there (that of update `start`, "
      "the last one run), a step of `(rate - end) / n` each of the `n` updates left, to the end rate at the last: the "
-     "decay a time budget decides. Inside the warm-up it too goes only down.")
+     "decay a time budget decides. Inside the warm-up it too goes only down, unless the rate is still below the end "
+     "rate (a budget spent in the warm-up's first tenth): then the line rises to it, a warm-up cut short.")
     rate, end = float(schedule_fn(schedule)(max(start - 1, 0))), cfg.learning_rate * cfg.min_lr_ratio
     first = rate - (rate - end) / (total_steps - start)
     segment = dict(start=start, start_lr=first, warmup_steps=0, peak_lr=first, end_lr=end, total_steps=total_steps,
