@@ -297,10 +297,14 @@ LOGITS_MEMORY_SHARE = 1 / 8  # loss_fn slices the fp32 [B, T, V] logits where th
 LOSS_CHUNK_BYTES = 2**26  # the fp32 logits of one slice of the sequence: 64 MiB
 
 def logits_budget() -> int:
-    "Bytes the fp32 logits of a batch may take before `loss_fn` slices them: a share of the first device's memory."
-    stats = jax.local_devices()[0].memory_stats() or {}  # a CPU has none: its memory is the machine's RAM
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(LOGITS_MEMORY_SHARE * (stats.get("bytes_limit") or ram))
+    ("Bytes the fp32 logits of a batch may take before `loss_fn` slices them: a share of the memory that holds them. "
+     "Each GPU or TPU of the mesh being traced (`on_mesh`) holds its share of the batch in its own `bytes_limit`; "
+     "a CPU's devices all share the machine's RAM.")
+    stats = jax.local_devices()[0].memory_stats() or {}  # a CPU has none
+    if not stats.get("bytes_limit"):
+        return int(LOGITS_MEMORY_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    mesh = jax.sharding.get_abstract_mesh()
+    return int(LOGITS_MEMORY_SHARE * stats["bytes_limit"] * (1 if mesh.empty else mesh.size))
 
 def _slice_loss(head: Callable, consts: list, x_BCD: jax.Array, y_BC: jax.Array, w_1C: jax.Array) -> jax.Array:
     "A slice's summed cross-entropy (padded positions weigh 0)."
