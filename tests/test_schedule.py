@@ -103,8 +103,9 @@ def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
     assert inside, (decay, last, steps_on_disk(out))
     stopped = tmp_path / "stopped"
     shutil.copytree(out, stopped)
-    for later in [f"checkpoint_step_{s}" for s in steps_on_disk(out) if s > inside[0]] + ["final_checkpoint", "best_checkpoint"]:
-        shutil.rmtree(stopped / later, ignore_errors=True)
+    later = [f"checkpoint_step_{s}" for s in steps_on_disk(out) if s > inside[0]]
+    for name in [*later, "final_checkpoint", "best_checkpoint"]:
+        shutil.rmtree(stopped / name, ignore_errors=True)
     r = tiny_lm("train", *command, "--output-dir", str(stopped))
     assert r.returncode == 0, r.stderr
     assert f"at step {inside[0]} of {last}" in r.stdout, r.stdout

@@ -487,7 +487,6 @@ class TrainLog:
     outside: float = 0.0  # seconds of host work outside the compiled step (data, transfers, metrics)
     eval_seconds: float = 0.0  # seconds spent evaluating and checkpointing
     compile_seconds: float = 0.0  # the first step's call: tracing and compiling
-    compiling: bool = True  # the next call traces and compiles (the first)
     longest_pause: float = 0.0  # the longest evaluation and checkpoint between two calls, in seconds
     decay_start: int | None = None  # a time budget's run: the step its clock started the decay at
 
@@ -615,8 +614,7 @@ def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable,
     batches_BT = [put(batch) for batch in batches]
     called = time.perf_counter()
     state, metrics = train_step(state, batches_BT[0] if steps_per_call == 1 else tuple(batches_BT))
-    if run.compiling or steps != steps_per_call:  # the first call (and a last, shorter one) traces and compiles
-        run.compiling = False
+    if run.steps == 0 or steps != steps_per_call:  # the first call (and a last, shorter one) traces and compiles
         run.compile_seconds += time.perf_counter() - called
         run.eval_seconds += time.perf_counter() - called  # out of the rates, like evaluation
         run.tokens_per_step = batches_BT[0].shape[0] * seq_len
