@@ -485,7 +485,8 @@ def write_txt(path: Path, docs: list[str]) -> Path:
                                              (5, "txt", "auto"), (60, "txt", "0.1"), (1, "txt", "0.1")])
 def test_small_source_holds_out_validation(tmp_path, n, fmt, val_split):
     """60, 5 or 1 long documents: validation is not empty, shares no text with training, the two make the source,
-    a second opening splits alike, and the description gives the real share (the 2 % hash alone picks none of 60)."""
+    a second opening splits alike, and the description gives the real share (the 2 % hash alone picks none of 60).
+    A .txt file is one text: its last paragraphs validate, contiguous, however few there are."""
     docs = make_docs(n, words=(300, 400))
     path = (write_jsonl if fmt == "jsonl" else write_txt)(tmp_path / f"small.{fmt}", docs)
     src = open_source(DataConfig(str(path), val_split=val_split, num_workers=0))
@@ -496,6 +497,10 @@ def test_small_source_holds_out_validation(tmp_path, n, fmt, val_split):
         share, fraction = len(val[0]) / len(docs[0]), 0.02 if val_split == "auto" else float(val_split)
         assert fraction <= share < 2 * fraction  # moved back to a boundary: at most twice the share asked for
         assert f"the last {share * 100:.1f}".rstrip("0").rstrip(".") in src.val_description
+    elif fmt == "txt":
+        k = len(train)
+        assert (train, val) == (docs[:k], docs[k:])  # the head trains, the tail validates
+        assert f"(paragraphs {k + 1:,}–{n:,} of {n:,}, contiguous" in src.val_description
     else:
         assert sorted(train + val) == sorted(docs) and not set(train) & set(val)
         assert f"{len(val)} of {n} documents" in src.val_description and src.val_description in repr(src)
@@ -516,6 +521,43 @@ def test_small_source_token_cache_follows_its_split(tmp_path, tokenizer):
     tokens = load_tokens(src, "train", tokenizer, tmp_path / "cache")
     assert len(list((tmp_path / "cache").glob("tokens-train-*"))) == 2
     assert np.array_equal(tokens, tokenize_documents(list(src.documents("train")), tokenizer, src.separator))
+
+
+def test_text_file_token_cache_follows_its_tail(tmp_path, tokenizer):
+    """A cache written under the hash rule that earlier versions applied to one .txt file is not reused for its tail."""
+    from tiny_lm.data import HoldOut
+    from tiny_lm.encoding import tokenize_documents
+    path = write_txt(tmp_path / "play.txt", make_docs(300))
+    old = open_source(DataConfig(str(path)))
+    old.hold_out = HoldOut(old.val_fraction)  # the rule of earlier versions: the hash alone
+    load_tokens(old, "train", tokenizer, tmp_path / "cache")
+    src = open_source(DataConfig(str(path)))
+    assert list(old.documents("train")) != list(src.documents("train"))
+    tokens = load_tokens(src, "train", tokenizer, tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("tokens-train-*"))) == 2
+    assert np.array_equal(tokens, tokenize_documents(list(src.documents("train")), tokenizer, src.separator))
+
+
+def test_text_file_tail_streams_and_resumes(tmp_path, tokenizer):
+    """One .txt file streams only its head for training, and resumes from a state taken mid-file exactly; the
+    validation windows are the tail's, from the cut on."""
+    from tiny_lm.data import first_tokens
+    from tiny_lm.encoding import tokenize_documents
+    docs = make_docs(400, seed=6)
+    src = open_source(DataConfig(str(write_txt(tmp_path / "play.txt", docs)), val_split="0.1"))
+    k = src.hold_out.documents - src.hold_out.held
+    assert (list(src.documents("train")), list(src.documents("val"))) == (docs[:k], docs[k:])
+    assert np.array_equal(first_tokens(src, "val", tokenizer, 10**9), tokenize_documents(docs[k:], tokenizer, "\n\n"))
+    run = StreamingBatches(src, tokenizer, SEQ, B, buffer_size=8, num_workers=0)
+    states, batches = [], []
+    for _ in range(30):
+        batches.append(next(run))
+        states.append(checkpoint_roundtrip(run.state(), tmp_path / f"s{len(states)}"))
+    close(run)
+    assert 0 < states[10]["position"]["pos"] < src.hold_out.cut[0]  # mid-file, in the head
+    again = StreamingBatches(src, tokenizer, SEQ, B, buffer_size=8, num_workers=0, state=states[10])
+    assert all(np.array_equal(next(again), b) for b in batches[11:])
+    close(again)
 
 
 class ListStream:

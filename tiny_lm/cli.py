@@ -5,6 +5,7 @@
 # %% ../nbs/09_cli.ipynb #10f1ff21
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -15,10 +16,10 @@ from pathlib import Path
 import jax
 
 from .bench import bench_data, bench_generate, bench_train, describe_bench
-from .checkpoint import load_checkpoint, run_meta
+from .checkpoint import committed_steps, load_checkpoint, run_meta
 from .copies import cloud_destination, redact
 from .cpu import lean_host_memory
-from .data import DataConfig, TextSource, open_source
+from .data import DataConfig, TextSource, open_source, source_kind
 from .errors import TinyLMError
 from .export import export_hf
 from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
@@ -26,18 +27,19 @@ from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAP
 from .generate import generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
-from .profiles import Plan, device_memory, match_hardware, plan_run, steps_per_call_dividing
+from .profiles import Length, Plan, device_memory, match_hardware, plan_run, steps_per_call_dividing
 from .run import (RunConfig, Trainer, check_continued_model, check_continued_optimizer,
                          describe_inspection, duration, inspect_run, mesh_devices, recorded_model, resolve_resume,
                          saved_run, split_cpu)
 from .score import evaluate_text
-from .sizing import PRESETS, preset_config, size_report, target_config
+from .sizing import PRESETS, param_count, preset_config, size_report, target_config
 from .tokenizer import TokenizerConfig, load_tokenizer
 from .train import Interrupted, TrainConfig
 
 # %% auto #0
-__all__ = ['COMMANDS', 'model_from_args', 'configs_from_args', 'run_config_from_args', 'apply_profile', 'run_train',
-           'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size', 'run_bench', 'main']
+__all__ = ['COMMANDS', 'model_from_args', 'configs_from_args', 'run_config_from_args', 'planned_length', 'apply_profile',
+           'run_train', 'plan_report', 'run_plan', 'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size',
+           'run_bench', 'main']
 
 # %% ../nbs/09_cli.ipynb #8ac95d4f
 def _precision(args) -> str | None:
@@ -206,6 +208,7 @@ def run_config_from_args(args) -> RunConfig:
 # %% ../nbs/09_cli.ipynb #e93cf368
 _PLANNED = ("model_preset", "precision", "batch_size", "gradient_accumulation_steps", "learning_rate",  # each given
             "save_every_minutes", "steps_per_call", "remat", "optimizer", "use_mixed_precision")  # wins over the plan
+_SIZED = {"d_model": "d_model", "num_layers": "n_layer", "num_heads": "n_head", "d_ff": "d_ff", "seq_len": "seq_len"}
 
 def _planned_vocab(args, init) -> int:
     "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
@@ -217,23 +220,60 @@ def _planned_vocab(args, init) -> int:
         return args.max_vocab_size or TokenizerConfig().max_vocab_size  # the largest it may choose
     return args.vocab_size or TokenizerConfig().vocab_size
 
+def planned_length(args, sizing: bool = True) -> Length:
+    ("The run's length as the flags give it and the size of its training text (None for a hub stream, which is not "
+     "opened here); no length when `sizing` is off (the model is given): then it only estimates the run.")
+    data = DataConfig(**_given(args, [*DATA_FLAGS, "streaming"]))
+    size = None if source_kind(data.dataset_id) == "hub" else open_source(data).size_bytes
+    return Length(args.time_budget, args.max_steps, args.epochs, size, seq_len=args.seq_len)
+
+def _sizes_the_model(args, init) -> bool:
+    "Whether the plan sizes the model: a new model with no size or shape flag given."
+    shape = ("model_preset", "target_params", *SHAPE_FLAGS)
+    return init is None and not given_flags(args, shape)
+
+def _apply_sized(args, plan: Plan) -> None:
+    "The flags of the model the plan sized (a preset's name, or its shape between presets) and its dropout."
+    args.model_preset = plan.model_preset or "tiny"
+    if plan.model is not None:
+        for flag, field in _SIZED.items():
+            if getattr(args, flag) is None:
+                setattr(args, flag, plan.model[field])
+    if args.dropout_rate is None and plan.dropout_rate:
+        args.dropout_rate = plan.dropout_rate
+
+# %% ../nbs/09_cli.ipynb #15c3e260
 def apply_profile(args, saved: dict, init) -> Plan | None:
-    "Fill the flags a new run left unset with its hardware profile's picks; the plan, or None (`none`, a resumed run)."
+    ("Fill the flags a new run left unset with its hardware profile's picks: the model sized for the run's length and "
+     "data (unless given), its batch, rate and the rest; the plan, or None (`none`, a resumed run).")
     if saved:
         if args.profile not in (None, "auto"):
             print(f"note: --profile {args.profile} plans new runs; this resumed run keeps the settings it started with")
         return None
     if args.profile == "none":
         return None
-    vocab = _planned_vocab(args, init)
-    plan = plan_run(args.profile or "auto", vocab)
+    vocab, sizing = _planned_vocab(args, init), _sizes_the_model(args, init)
+    length = planned_length(args)
+    plan = plan_run(args.profile or "auto", vocab, length=length if sizing else Length())
     given = tuple(given_flags(args, _PLANNED))
-    if init is None and args.model_preset is None and args.target_params is None:
-        args.model_preset = plan.model_preset
+    if sizing:
+        _apply_sized(args, plan)
+    elif init is None and args.model_preset is None and args.target_params is None:
+        args.model_preset = plan.model_preset  # the device's preset, under the shape flags given
     if args.precision is None and not args.use_mixed_precision:
         args.precision = plan.precision_flag
     model = model_from_args(args, vocab, base=recorded_model({}, init))  # the model the run builds: its batch and rate
-    fitted = plan_run(args.profile or "auto", vocab, model=model)  # (on a CPU: the defaults, whatever the model)
+    fitted = plan_run(args.profile or "auto", vocab, model=model, length=length)  # (on a CPU: the defaults' batch)
+    _fill_unset(args, fitted if not sizing else replace(fitted, learning_rate=plan.learning_rate))
+    kind = jax.devices()[0].device_kind
+    here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
+    if not plan.detected and plan.profile != here:
+        print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
+    keep = ("model_preset", "model", "learning_rate", "dropout_rate", "reasons") if sizing else ("model_preset",)
+    return replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given)
+
+def _fill_unset(args, fitted: Plan) -> None:
+    "The batch, rate, save interval, remat, optimizer and steps per call of `fitted`, where the flags left them unset."
     if args.batch_size is None:
         args.batch_size = fitted.batch_size
         args.gradient_accumulation_steps = args.gradient_accumulation_steps or fitted.gradient_accumulation_steps
@@ -243,11 +283,6 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if args.steps_per_call is None:  # fewer, if need be, so that each interval given keeps its steps
         intervals = [args.log_every, args.eval_every, args.save_every, args.max_steps]
         args.steps_per_call = steps_per_call_dividing(fitted.steps_per_call, intervals)
-    kind = jax.devices()[0].device_kind
-    here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
-    if not plan.detected and plan.profile != here:
-        print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
-    return replace(fitted, model_preset=plan.model_preset, overridden=given)
 
 # %% ../nbs/09_cli.ipynb #022656a3
 def run_train(args) -> dict:
@@ -271,6 +306,37 @@ def run_train(args) -> dict:
     trainer = Trainer(model_config, train_cfg, data_cfg, tokenizer_config=tok_cfg if asked else None,
                       run=replace(run, resume_from=resume_root), profile=plan)
     return trainer.fit()
+
+# %% ../nbs/09_cli.ipynb #fc5d43de
+def plan_report(plan: Plan, model: ModelConfig) -> dict:
+    "What `tiny-lm plan --json` prints: the run's estimates, its settings, the model as saved and the reasons."
+    return {"profile": plan.profile, "device": plan.device, "num_devices": plan.num_devices,
+            "params": param_count(model), "tokens": plan.tokens, "epochs": plan.epochs, "steps": plan.steps,
+            "batch_size": plan.batch_size, "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "seq_len": model.seq_len, "learning_rate": plan.learning_rate, "dropout_rate": model.dropout_rate,
+            "optimizer": plan.optimizer, "precision": plan.precision_flag, "steps_per_call": plan.steps_per_call,
+            "model_preset": plan.model_preset, "model": model.to_dict(), "reasons": list(plan.reasons)}
+
+def run_plan(args) -> dict:
+    "Print the plan `tiny-lm train` would follow with the same flags, and why; nothing is trained or written."
+    if args.resume_from is not None:
+        raise TinyLMError("tiny-lm plan plans a new run, and a resumed run keeps the settings it started with: leave "
+                          "out --resume-from")
+    if args.profile == "none":
+        raise TinyLMError("--profile none plans nothing (every unset flag keeps its default): leave it out, or name a "
+                          "profile")
+    run_config_from_args(args)  # the output, copy and compile-cache flags checked as train checks them
+    configs_from_args(args, {})
+    init = _init_from(args)
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():  # notes: not the JSON
+        plan = apply_profile(args, {}, init)
+    model = model_from_args(args, _planned_vocab(args, init), base=recorded_model({}, init))
+    report = plan_report(plan, model)
+    if committed_steps(args.output_dir) and not args.overwrite:
+        print(f"note: {args.output_dir} holds a run: tiny-lm train with these flags would continue it with its own "
+              "settings; this is the plan for a new run there (--overwrite) or in another --output-dir")
+    print(json.dumps(report, indent=2) if args.json else plan.describe())
+    return report
 
 # %% ../nbs/09_cli.ipynb #01d7405e
 def run_generate(args) -> list[str]:
@@ -387,7 +453,7 @@ def run_bench(args) -> dict:
 
 # %% ../nbs/09_cli.ipynb #c9480bf5
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
-COMMANDS = {"train": run_train, "generate": run_generate, "eval": run_eval, "export": run_export,
+COMMANDS = {"train": run_train, "plan": run_plan, "generate": run_generate, "eval": run_eval, "export": run_export,
             "inspect": run_inspect, "size": run_size, "bench": run_bench}
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,8 +36,8 @@ from .tokenizer import EOT, tokenizer_fingerprint
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'DataConfig',
            'builtin_corpus_files', 'lesson_text', 'file_format', 'source_kind', 'Shard', 'HoldOut', 'hold_out_rule',
-           'TextSource', 'open_source', 'token_cache_path', 'load_tokens', 'first_tokens', 'unigram_loss', 'Batches',
-           'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
+           'hold_out_tail', 'TextSource', 'open_source', 'token_cache_path', 'load_tokens', 'first_tokens',
+           'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -297,12 +297,18 @@ class HoldOut:
     held: int | None = None  # documents held out (None: not counted)
     rows: tuple[int, ...] | None = None  # row indices held out (None: the hash of the row index decides)
     tail: tuple[int, int, int] | None = None  # single document: (row, first character held out, characters)
+    from_row: int | None = None  # one text file: the first row held out; every row after it is held out too
+    cut: tuple[int, int] | None = None  # with from_row: (the byte that row starts at, the file's bytes)
+    file: str = ""  # with from_row: the file's name, for the description
 
     def part(self, row: int, text: str, which: str) -> str | None:
         "The part of the document at `row` that belongs to `which` ('train' or 'val'), or None."
         if self.tail is not None and self.tail[0] == row:
             return text[self.tail[1]:] if which == "val" else text[:self.tail[1]]
-        held = row in self.rows if self.rows is not None else _held_out(str(row), self.fraction)
+        if self.from_row is not None:
+            held = row >= self.from_row
+        else:
+            held = row in self.rows if self.rows is not None else _held_out(str(row), self.fraction)
         return text if held == (which == "val") else None
 
     def describe(self, split: str) -> str:
@@ -310,6 +316,10 @@ class HoldOut:
         if self.tail is not None:
             share = _percent(1 - self.tail[1] / self.tail[2])
             return f"the last {share} of the single document held out for validation"
+        if self.from_row is not None:
+            first, share = self.documents - self.held + 1, _percent(1 - self.cut[0] / self.cut[1])
+            return (f"the last {share} of {self.file} (paragraphs {first:,}–{self.documents:,} of {self.documents:,}, "
+                    "contiguous, as nanoGPT splits one text) held out for validation")
         if self.documents == 0:
             return "nothing held out for validation (no document has text)"
         if self.documents:
@@ -352,6 +362,39 @@ def hold_out_rule(rows: Iterator[tuple[int, object]], fraction: float, count_all
         return HoldOut(fraction, 1, 0, tail=(first[0], cut, len(first[1])))
     return HoldOut(fraction, docs, 0, rows=())  # nothing to hold out: no text, or one document too short to cut
 
+# %% ../nbs/03_data.ipynb #c1fb8523
+def hold_out_tail(rows: Iterator[tuple[int, object, int]], fraction: float, size: int, file: str = "") -> HoldOut:
+    ("The hold-out of one text file's (row index, value, first byte) triples: every row from the first document "
+     "that starts in the last `fraction` of its `size` bytes; a single document's tail as `hold_out_rule` cuts it.")
+    docs, held, only, second, last, first_held = 0, 0, None, None, None, None
+    for row, value, start in rows:
+        if not (isinstance(value, str) and value.strip()):
+            continue
+        docs += 1
+        only = (row, value) if docs == 1 else None  # the text is kept only while it may be the only document
+        second, last = (row, start) if docs == 2 else second, (row, start)
+        if start >= (1 - fraction) * size:
+            held, first_held = held + 1, first_held or (row, start)
+    if docs < 2:
+        return hold_out_rule(iter([only] if only else []), fraction)  # no text, or the tail of the only document
+    if held in (0, docs):  # the last document straddles the cut, or no text before it: keep text on both sides
+        first_held, held = (last, 1) if held == 0 else (second, docs - 1)
+    return HoldOut(fraction, docs, held, from_row=first_held[0], cut=(first_held[1], size), file=file)
+
+def _file_tail(shard: Shard, fraction: float, size: int | None) -> HoldOut:
+    "`hold_out_tail` of a text file; `size` (its bytes as `open_source` saw them) is checked against the reading."
+    ends = []
+    def rows():  # a row starts where the one before it ended
+        start = 0
+        for row, (value, end) in enumerate(shard.rows(None, "text")):
+            yield row, value, start
+            start = end
+        ends.append(start)
+    rule = hold_out_tail(rows(), fraction, size or 0, Path(shard.path).name)
+    if ends[-1] != size:  # a .gz of 4 GiB or more (its trailer holds the size modulo 4 GiB), or a file that changed
+        rule = hold_out_tail(rows(), fraction, ends[-1], Path(shard.path).name)
+    return rule
+
 # %% ../nbs/03_data.ipynb #1a2b305e
 class _SplitRows:
     "The rows of one split of a `TextSource`, with the validation rule applied."
@@ -363,6 +406,8 @@ class _SplitRows:
         shards = self.splits[self.cfg.split]
         if any(s.fmt == "hub" for s in shards):  # not read ahead: on several hosts each may read only its share
             return HoldOut(self.val_fraction)
+        if len(shards) == 1 and shards[0].fmt == "text":  # one text: its last part, contiguous
+            return _file_tail(shards[0], self.val_fraction, self.size_bytes)
         values = (value for shard in shards for value, _ in shard.rows(None, self.cfg.text_column))
         small = self.size_bytes is not None and self.size_bytes <= HOLD_OUT_COUNT_BYTES  # None: size unknown
         return hold_out_rule(enumerate(values), self.val_fraction, count_all=small)
@@ -371,6 +416,8 @@ class _SplitRows:
         "(text or None, shard, position, next row index) for every row of one epoch from `start`."
         shards = self.splits[self.val_name if which == "val" and self.val_name else self.cfg.split]
         rule, row = self.hold_out, start["row"]
+        if which == "val" and rule is not None and rule.from_row is not None and row < rule.from_row:
+            start, row = {**start, "pos": rule.cut[0]}, rule.from_row  # the rows before a file's tail never validate
         for s in range(start["shard"], len(shards)):
             for value, pos in shards[s].rows(start["pos"] if s == start["shard"] else None, self.cfg.text_column):
                 text = value if isinstance(value, str) and value.strip() else None
@@ -583,6 +630,8 @@ def token_cache_path(source: TextSource, which: str, tokenizer: Tokenizer, cache
     rule = source.hold_out
     if rule is not None and (rule.rows is not None or rule.tail is not None):  # a small source's own split
         spec["hold_out"] = [rule.rows, rule.tail]
+    if rule is not None and rule.from_row is not None:  # one text file's tail: not the hash's split of earlier versions
+        spec["hold_out_from_row"] = rule.from_row
     key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Path(cache_dir) / f"tokens-{which}-{key}.{np.dtype(token_dtype(tokenizer.get_vocab_size())).name}.bin"
 

@@ -55,8 +55,9 @@ _HELP = {
     "dataset_config": "hub dataset configuration (subset) name (default: none)",
     "text_column": "column holding the text in jsonl, json, parquet, csv and hub sources (default: text)",
     "split": "split to train on (default: train)",
-    "val_split": "validation: a split name, a fraction of documents to hold out, or auto (default: auto = the "
-                 "'validation' split, else 2%% of the documents: at least one, or the tail of a single one)",
+    "val_split": "validation: a split name, a fraction to hold out, or auto (default: auto = the 'validation' split, "
+                 "else 2%%: a single text file's contiguous last part, as nanoGPT splits one text; of a folder or a "
+                 "table, that share of its documents, at least one)",
     "max_train_examples": "read at most this many training documents per epoch (default: all)",
     "max_val_examples": "read at most this many validation documents (default: as many as --eval-batches needs)",
     "stride": "tokens between window starts; less than --seq-len makes windows overlap (default: --seq-len)",
@@ -130,9 +131,10 @@ _HELP = {
 }
 
 # %% ../nbs/08c_flags.ipynb #985fac62
-def _train_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a model (defaults: the tiny preset on the built-in corpus, on 2 CPU cores "
-                                     "in a few minutes)")
+def _train_parser(sub, name: str = "train", summary: str = "train a model (defaults: the tiny preset on the built-in "
+                  "corpus, on 2 CPU cores in a few minutes)") -> argparse.ArgumentParser:
+    "The `train` command (or another of the same flags, `name`): every flag, in groups."
+    p = sub.add_parser(name, help=summary)
     groups = [p.add_argument_group(title) for title in ("data", "tokenizer", "model", "training")]
     for group, flags in zip(groups, (DATA_FLAGS, TOKENIZER_FLAGS, MODEL_FLAGS, TRAIN_FLAGS)):
         for name, typ in flags.items():
@@ -154,6 +156,13 @@ def _train_parser(sub) -> None:
     _precision_flags(m, "the --profile's, which is auto")
     for add in (_output_flags, _fine_tuning_flags, _device_flags, _copy_flags):
         add(p)
+    return p
+
+def _plan_parser(sub) -> None:
+    p = _train_parser(sub, "plan", "print the plan tiny-lm train follows with the same flags (the model sized for the "
+                      "time and the data, batch, rate, steps, epochs) and why, without training or writing anything")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the plan's lines "
+                   "(default: the lines)")
 
 def _output_flags(p) -> None:
     o = p.add_argument_group("output and resuming")
@@ -439,7 +448,8 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
     "dropout_rate": Range(lambda value: 0 <= value < 1, "in [0, 1)", "0.1 is usual, 0 turns dropout off"),
     "logit_softcap": at_least(0, "0 turns it off, nanochat uses 15"),
     "top_p": Range(lambda value: 0 < value <= 1, "in (0, 1]", "1 keeps every token, 0.9 is usual"),
-    **dict.fromkeys(["train vocab_size", "train min_vocab_size", "train max_vocab_size", "bench data vocab_size"],
+    **dict.fromkeys([f"{command} {flag}" for command in ("train", "plan")
+                     for flag in ("vocab_size", "min_vocab_size", "max_vocab_size")] + ["bench data vocab_size"],
                     at_least(257, "a byte-level tokenizer needs 256 bytes + <|endoftext|>")),
     "bench generate max_tokens": at_least(1, "there is nothing to time in 0 tokens"),
 }
@@ -467,6 +477,8 @@ EXAMPLES = {  # two per command, shown at the end of its --help
     "tiny-lm train": ["tiny-lm train --dataset-id roneneldan/TinyStories --model-preset small --output-dir stories",
                       "tiny-lm train --init-from output --use-lora --dataset-id notes.txt --merge-lora "
                       "--output-dir lora"],
+    "tiny-lm plan": ["tiny-lm plan --time-budget 10m             # what ten minutes here buy on the built-in corpus",
+                     "tiny-lm plan --profile a100-40gb --time-budget 1h --dataset-id corpus.txt --json"],
     "tiny-lm generate": ["tiny-lm generate --checkpoint output --prompt 'def main(' --temperature 0.8 --top-p 0.95",
                          "tiny-lm generate --checkpoint output --num-samples 4 --stop $'\\n\\n' --temperature 0"],
     "tiny-lm eval": ["tiny-lm eval --checkpoint output",
@@ -500,11 +512,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     "The `tiny-lm` command line: every command, its flags grouped by what they configure, and examples."
-    parser = _Parser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX: train, "
-                     "sample, evaluate in bits per byte, export to transformers, inspect, size and benchmark.")
+    parser = _Parser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX: plan, "
+                     "train, sample, evaluate in bits per byte, export to transformers, inspect, size and benchmark.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_train_parser, _generate_parser, _eval_parser, _export_parser, _inspect_parser, _size_parser,
-                _bench_parser):
+    for add in (_train_parser, _plan_parser, _generate_parser, _eval_parser, _export_parser, _inspect_parser,
+                _size_parser, _bench_parser):
         add(sub)
     _with_examples(parser)
     return parser

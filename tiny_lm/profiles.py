@@ -5,27 +5,32 @@
 # %% ../nbs/04a_profiles.ipynb #82609433
 from __future__ import annotations
 
+import functools
+import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import jax
 
 from .model import PRECISIONS, ModelConfig, attention_implementation
-from .sizing import (PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, param_count, peak_flops,
-                            preset_config, train_memory_bytes)
+from .sizing import (PRESETS, TOKENS_PER_PARAM, cpu_peak_flops, fitting_batch, flops_per_token, param_count,
+                            peak_flops, preset_config, target_config, train_memory_bytes)
 from .errors import TinyLMError
 from .train import TrainConfig
 
 # %% auto #0
-__all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER',
-           'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
-           'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'Hardware', 'usable_memory', 'device_memory',
-           'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'choose_batch',
+__all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'PLAN_TOKENS_PER_PARAM',
+           'DATA_TOKENS_PER_PARAM', 'FREE_EPOCHS', 'USEFUL_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU', 'BYTES_PER_TOKEN_GUESS',
+           'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH',
+           'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS',
+           'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware',
+           'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'Length', 'context_for', 'model_ladder',
+           'preset_named', 'tokens_trained', 'effective_tokens', 'size_model', 'dropout_for', 'choose_batch',
            'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
-           'choose_optimizer', 'Plan', 'plan_run']
+           'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -122,6 +127,123 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
                 and compute_optimal_hours(cfg, peak * num_devices) <= SESSION_HOURS)
     return ([name for name in PRESETS if ok(name)] or ["nano"])[-1]
 
+# %% ../nbs/04a_profiles.ipynb #50141430
+PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
+# distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
+# recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
+DATA_TOKENS_PER_PARAM = 1.5
+FREE_EPOCHS = 4  # repeating the data up to this often costs little (Muennighoff et al. 2023)
+USEFUL_EPOCHS = 16  # past this many repeats, more returns almost nothing (the same paper)
+TRAIN_SHARE = 0.85  # the share of a time budget a plan expects in training steps: the rest compiles, evaluates, saves
+CPU_MFU = 0.3  # measured: the tiny and small presets on a 2-core CPU, `tiny-lm bench train` (0.32 of the matmul peak)
+BYTES_PER_TOKEN_GUESS = 3.6  # measured: the default 4,096-token tokenizer on the built-in corpus (3.63)
+
+@dataclass(frozen=True)
+class Length:
+    "How long a run should be and how much text it has: what a plan sizes the model for (None: not given)."
+    time_budget: float | None = None  # seconds of wall time (--time-budget)
+    max_steps: int | None = None  # optimizer steps (--max-steps)
+    epochs: float | None = None  # passes over the training text (--epochs)
+    corpus_bytes: int | None = None  # bytes of training text (None: not known, a hub stream)
+    bytes_per_token: float = BYTES_PER_TOKEN_GUESS  # the tokenizer's, or the estimate before there is one
+    seq_len: int | None = None  # the context every candidate trains at (--seq-len; None: each model's own)
+
+    @property
+    def given(self) -> bool:
+        "Whether the run's length was given at all (else a profile plans its default run)."
+        return any(v is not None for v in (self.time_budget, self.max_steps, self.epochs))
+
+    @property
+    def corpus_tokens(self) -> float | None:
+        "Tokens of training text, estimated from its bytes (None: not known)."
+        return None if self.corpus_bytes is None else self.corpus_bytes / self.bytes_per_token
+
+def context_for(d_model: int) -> int:
+    "The context a planned model of width `d_model` trains at: the presets' rule, a power of two from 128 to 1,024."
+    return min(1024, max(128, 1 << (d_model - 1).bit_length()))
+
+@functools.lru_cache(maxsize=32)
+def model_ladder(vocab_size: int, seq_len: int | None = None) -> tuple[ModelConfig, ...]:
+    "The models a plan chooses from, small to large: every preset, and two solver shapes between each two."
+    presets = [preset_config(name, vocab_size) for name in PRESETS]
+    ladder = list(presets)
+    for small, big in zip(presets, presets[1:]):
+        low, high = param_count(small), param_count(big)
+        for share in (1 / 3, 2 / 3):  # evenly spaced on a log scale
+            target = round(low * (high / low) ** share)
+            try:  # deep and narrow while small, as the small presets are
+                cfg = target_config(target, vocab_size, prefer_depth=target < 10_000_000)
+            except TinyLMError:
+                continue
+            ladder.append(replace(cfg, seq_len=context_for(cfg.d_model)))
+    ladder = [replace(c, seq_len=seq_len) if seq_len else c for c in ladder]
+    return tuple(sorted(ladder, key=param_count))
+
+def preset_named(cfg: ModelConfig) -> str | None:
+    "The preset whose shape `cfg` has, or None."
+    shape = lambda c: (c.d_model, c.n_layer, c.n_head, c.d_ff, c.seq_len)
+    return next((name for name in PRESETS if shape(preset_config(name, cfg.vocab_size)) == shape(cfg)), None)
+
+# %% ../nbs/04a_profiles.ipynb #d102f5d3
+def tokens_trained(cfg: ModelConfig, length: Length, speed: tuple[float, float],
+                   step_tokens: Callable[[ModelConfig], int]) -> float:
+    ("Tokens a run of `cfg` trains in `length`, whichever end comes first: its time (TRAIN_SHARE of it in steps of "
+     "`step_tokens(cfg)` tokens, each their FLOPs at `speed[0]` FLOP/s plus `speed[1]` s), its steps, its epochs.")
+    flops, overhead = speed
+    step = step_tokens(cfg)
+    ends = [TRAIN_SHARE * length.time_budget / (step * flops_per_token(cfg) / flops + overhead) * step
+            ] if length.time_budget else []
+    ends += [length.max_steps * step] if length.max_steps else []
+    ends += [length.epochs * length.corpus_tokens] if length.epochs and length.corpus_tokens else []
+    return min(ends)
+
+REPEAT_HALF_LIFE = 15.4  # R*_D of Muennighoff et al. 2023: repeated epochs lose value on this scale
+
+def effective_tokens(tokens: float, corpus_tokens: float | None) -> float:
+    ("What `tokens` trained on a corpus of `corpus_tokens` are worth in distinct tokens (Muennighoff et al. 2023): "
+     "all of them once, then each repeat a little less, to at most 1 + REPEAT_HALF_LIFE corpora.")
+    if corpus_tokens is None or tokens <= corpus_tokens:
+        return tokens
+    repeats = tokens / corpus_tokens - 1
+    return corpus_tokens * (1 + REPEAT_HALF_LIFE * (1 - math.exp(-repeats / REPEAT_HALF_LIFE)))
+
+def _million(n: float) -> str:
+    return f"{n / 1e6:.1f} M" if n >= 1e5 else f"{n / 1e3:.0f} K"
+
+def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float, float], step_tokens: Callable,
+               fits: Callable[[ModelConfig], bool]) -> tuple[ModelConfig, list[str]]:
+    ("The largest model of `ladder` that fits, trains on PLAN_TOKENS_PER_PARAM tokens per parameter in `length`, and "
+     "whose text is worth DATA_TOKENS_PER_PARAM per parameter, repeats discounted; the smallest if none; and why.")
+    fitting = [cfg for cfg in ladder if fits(cfg)] or list(ladder[:1])
+    trained = {id(cfg): tokens_trained(cfg, length, speed, step_tokens) / param_count(cfg) for cfg in fitting}
+    worth = {id(cfg): effective_tokens(trained[id(cfg)] * param_count(cfg), length.corpus_tokens) / param_count(cfg)
+             for cfg in fitting}
+    limit = lambda cfg: ("the time" if trained[id(cfg)] < PLAN_TOKENS_PER_PARAM else
+                         "the data" if worth[id(cfg)] < DATA_TOKENS_PER_PARAM else None)
+    good = [cfg for cfg in fitting if limit(cfg) is None]
+    pick = good[-1] if good else fitting[0]
+    why = [f"size: the largest model that trains on at least {PLAN_TOKENS_PER_PARAM} tokens per parameter "
+           "(Hoffmann et al. 2022: about 20 is compute-optimal) of text worth at least "
+           f"{DATA_TOKENS_PER_PARAM:g} distinct tokens per parameter, a repeat worth less each time (Muennighoff et "
+           f"al. 2023; nanoGPT's Shakespeare recipe has 1.5): {_million(param_count(pick))} parameters"]
+    bigger = [cfg for cfg in fitting if param_count(cfg) > param_count(pick)]
+    if not good:
+        why.append(f"{limit(pick)} limits it even at the smallest model ({trained[id(pick)]:.1f} tokens per parameter, "
+                   f"worth {worth[id(pick)]:.1f}): it is trained anyway; more time or more text would train it better")
+    elif bigger:
+        nxt = bigger[0]
+        why.append(f"{limit(nxt)} limits it: the next size up ({_million(param_count(nxt))}) would train on "
+                   f"{trained[id(nxt)]:.1f} tokens per parameter, worth {worth[id(nxt)]:.1f}")
+    elif len(fitting) < len(ladder):
+        why.append("the next size up does not fit the device's memory")
+    return pick, why
+
+def dropout_for(epochs: float | None) -> float:
+    "Dropout for a run passing `epochs` times over its text: none up to FREE_EPOCHS, 0.1 to USEFUL_EPOCHS, 0.2 past."
+    if epochs is None or epochs <= FREE_EPOCHS:
+        return 0.0
+    return 0.1 if epochs <= USEFUL_EPOCHS else 0.2
+
 # %% ../nbs/04a_profiles.ipynb #3411f66d
 TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an accelerator
 REMAT_ORDER = ("none", "dots", "block")  # from the least recomputation to the most
@@ -186,7 +308,7 @@ class Plan:
     detected: bool  # found on this machine (auto), rather than named
     num_devices: int
     memory_bytes: int  # per device, usable
-    model_preset: str | None  # None: the model was given
+    model_preset: str | None  # the preset planned (None: the model was given, or sized between presets)
     seq_len: int
     batch_size: int  # per device, per micro-batch
     gradient_accumulation_steps: int
@@ -200,6 +322,13 @@ class Plan:
     remat: str = "none"  # what the backward pass recomputes, to fit the batch at once (TrainConfig.remat)
     optimizer: str = "adamw"  # TrainConfig.optimizer: `choose_optimizer`'s pick
     overridden: tuple[str, ...] = ()  # the flags given, which win over the plan
+    model: dict | None = None  # a model sized for the length and the data (ModelConfig fields; None: a preset's)
+    params: int | None = None  # of the planned model, at the planned vocabulary
+    tokens: float | None = None  # to be trained, estimated
+    steps: int | None = None  # optimizer steps, estimated where a time budget decides them
+    epochs: float | None = None  # passes over the training text, estimated (None: its size is not known)
+    dropout_rate: float = 0.0  # against overfitting where the data must repeat
+    reasons: tuple[str, ...] = ()  # why, a line each
 
     @property
     def precision_flag(self) -> str:
@@ -208,7 +337,11 @@ class Plan:
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         "The planned model for a tokenizer of `vocab_size` tokens."
-        return replace(preset_config(self.model_preset or "tiny", vocab_size), dtype=self.precision)
+        if self.model is not None:
+            return ModelConfig.from_dict({**self.model, "vocab_size": vocab_size, "dtype": self.precision,
+                                          "dropout_rate": self.dropout_rate})
+        cfg = preset_config(self.model_preset or "tiny", vocab_size)
+        return replace(cfg, dtype=self.precision, dropout_rate=self.dropout_rate)
 
     def train_config(self, **overrides) -> TrainConfig:
         "The planned training settings under `overrides` (any TrainConfig field); steps per call divide those given."
@@ -219,41 +352,36 @@ class Plan:
         return TrainConfig(**planned | overrides)
 
     def describe(self) -> str:
-        "One line for the banner."
+        "The banner's line, then the reasons, one a line."
         where = (f"{self.device}{f' × {self.num_devices}' if self.num_devices > 1 else ''}, "
                  f"{self.memory_bytes / 2**30:.1f} GiB usable")
-        model = f"{self.model_preset} preset" if self.model_preset else "the given model"
+        model = (f"{self.model_preset} preset" if self.model_preset else
+                 f"a {self.model['n_layer']} × {self.model['d_model']} model" if self.model else "the given model")
         accum = f" × {self.gradient_accumulation_steps} accumulation" if self.gradient_accumulation_steps > 1 else ""
         accum += f", {self.steps_per_call} steps per call" if self.steps_per_call > 1 else ""
         accum += f", remat {self.remat}" if self.remat != "none" else ""
-        return (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): "
+        accum += f", dropout {self.dropout_rate:g}" if self.dropout_rate else ""
+        line = (f"profile {self.profile} ({'detected' if self.detected else 'named'}: {where}): "
                 f"{model}, {self.seq_len} tokens, "
                 f"batch {self.batch_size} {'on the CPU' if self.profile == 'cpu' else 'per device'}{accum}, "
                 f"{self.optimizer}, learning rate {self.learning_rate:.2g}, {self.precision_flag}, "
                 f"{self.attention} attention, a save every {self.save_every_minutes:g} min"
                 + (f" (overridden by {', '.join(self.overridden)})" if self.overridden else ""))
+        return "\n".join([line, *(f"  plan: {why}" for why in self.reasons)])
 
 # %% ../nbs/04a_profiles.ipynb #fba223b1
-def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig | None) -> Plan:
-    "The CPU profile: the defaults, a few minutes of training on a laptop, ten steps per call."
+def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig | None, sized: bool = False) -> Plan:
+    "The CPU profile: the defaults (or a sized model at its rate), a few minutes of training on a laptop."
     cfg, train = model or preset_config("tiny", 4096), TrainConfig()
+    rate = choose_learning_rate(cfg) if sized else train.learning_rate
     return Plan("cpu", "cpu", detected, num_devices, memory, None if model else "tiny", cfg.seq_len, train.batch_size,
-                train.gradient_accumulation_steps, train.learning_rate, "float32" if model is None else cfg.dtype,
+                train.gradient_accumulation_steps, rate, "float32" if model is None else cfg.dtype,
                 "xla", train.save_every_minutes, train_memory_bytes(cfg, train.batch_size)["total"], None,
                 CPU_STEPS_PER_CALL, optimizer="adamw")  # measured: Muon loses at equal wall time on a CPU (16_recipe)
 
-def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
-             num_devices: int | None = None) -> Plan | None:
-    "The plan of `profile` (auto: this device; none: None) for `vocab_size`; a given `model` gets its batch and rate."
-    if profile not in PROFILES:
-        raise TinyLMError(f"--profile {profile} is not known: choose one of {', '.join(PROFILES)}")
-    if profile == "none":
-        return None
-    detected = profile == "auto"
-    hw = detect_hardware() if detected else HARDWARE.get(profile)
-    num_devices = num_devices or (jax.device_count() if detected else 1)
-    if hw is None:  # a CPU: detected here, or named with --profile cpu
-        return _cpu_plan(num_devices, _ram(), detected, model)
+def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected: bool,
+                      model: ModelConfig | None) -> Plan:
+    "An accelerator's plan: the preset (unless a model is given), its kernel, the batch that fits, rate, calls."
     memory = device_memory() if detected else usable_memory(hw)
     device = jax.local_devices()[0] if detected else hw.device()
     preset = choose_preset(hw, vocab_size, num_devices, memory, device) if model is None else None
@@ -267,3 +395,117 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None,
                 choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat,
                 optimizer=choose_optimizer(cfg, micro * accum * cfg.seq_len))
+
+# %% ../nbs/04a_profiles.ipynb #62930e3e
+STEP_OVERHEAD = {"cpu": 0.0, "gpu": 1.3e-3, "tpu": 1.3e-3}  # s a step costs beyond its FLOPs (H200, tiny preset)
+
+def plan_speed(hw: Hardware | None, num_devices: int = 1) -> tuple[float, float]:
+    ("What a plan expects of `num_devices` of `hw` (None: this CPU): FLOP/s (their peak at the MFU tiny_lm reaches "
+     "there) and the seconds each step costs beyond them (launching it).")
+    if hw is None:
+        return CPU_MFU * cpu_peak_flops(), STEP_OVERHEAD["cpu"]
+    peak = _peak(hw, _precision(hw))
+    if peak is None:
+        raise TinyLMError(f"no peak FLOP/s are known for a {hw.kind}, so no model can be sized: "
+                          "give --model-preset, or --profile none")
+    return ASSUMED_MFU * peak * num_devices, STEP_OVERHEAD[hw.platform]
+
+def step_tokens_for(hw: Hardware | None, num_devices: int = 1) -> Callable[[ModelConfig], int]:
+    "Tokens per optimizer step a plan gives a model on `num_devices` of `hw` (None: the CPU's 16 sequences)."
+    if hw is None:
+        return lambda cfg: TrainConfig().batch_size * cfg.seq_len
+    return lambda cfg: max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len) * cfg.seq_len * num_devices
+
+# %% ../nbs/04a_profiles.ipynb #6e4f19ee
+def _fits(hw: Hardware | None, detected: bool) -> Callable[[ModelConfig], bool]:
+    "Whether one sequence of a model's training step fits a device of `hw` (a CPU: always), recomputing all it may."
+    if hw is None:
+        return lambda cfg: True
+    memory = device_memory() if detected else usable_memory(hw)
+    device = jax.local_devices()[0] if detected else hw.device()
+    return lambda cfg: fitting_batch(cfg, 1, memory, kernel=attention_implementation(cfg, device=device),
+                                     remat="block") is not None
+
+def _size_for(hw: Hardware | None, vocab_size: int, num_devices: int, length: Length,
+              detected: bool) -> tuple[ModelConfig, list[str]]:
+    "The model `size_model` picks for `length` on `num_devices` of `hw` (None: this CPU), in its precision; and why."
+    dtype = "float32" if hw is None else _precision(hw)
+    ladder = [replace(cfg, dtype=dtype) for cfg in model_ladder(vocab_size, length.seq_len)]
+    return size_model(ladder, length, plan_speed(hw, num_devices), step_tokens_for(hw, num_devices),
+                      _fits(hw, detected))
+
+def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
+             num_devices: int | None = None, length: Length | None = None) -> Plan | None:
+    ("The plan of `profile` (auto: this device; none: None) for `vocab_size`: a model sized for `length` and its data "
+     "where one is given (else the device's default), or the given `model`; its batch, rate, and the run's estimates.")
+    if profile not in PROFILES:
+        raise TinyLMError(f"--profile {profile} is not known: choose one of {', '.join(PROFILES)}")
+    if profile == "none":
+        return None
+    detected = profile == "auto"
+    hw = detect_hardware() if detected else HARDWARE.get(profile)
+    num_devices = num_devices or (jax.device_count() if detected else 1)
+    length = length or Length()
+    sized, why = (None, []) if model is not None or not length.given else _size_for(hw, vocab_size, num_devices,
+                                                                                     length, detected)
+    chosen = model or sized
+    plan = (_cpu_plan(num_devices, _ram(), detected, chosen, sized is not None) if hw is None else
+            _accelerator_plan(hw, vocab_size, num_devices, detected, chosen))
+    if sized is not None:
+        name = preset_named(sized)
+        plan = replace(plan, model_preset=name, model=None if name else sized.to_dict())
+    return _with_estimates(plan, hw, length, chosen or plan.model_config(vocab_size), sized is not None, why)
+
+# %% ../nbs/04a_profiles.ipynb #30034f44
+def _length_reason(length: Length, hw: Hardware | None, num_devices: int) -> str:
+    "The length the plan sized for, in words."
+    ends = []
+    if length.time_budget:
+        flops = plan_speed(hw, num_devices)[0]
+        ends.append(f"{length.time_budget / 60:.3g} min (--time-budget) at about {flops / 1e12:.3g}"
+                    f" TFLOP/s ({CPU_MFU if hw is None else ASSUMED_MFU:.0%} of the peak), {TRAIN_SHARE:.0%} of it "
+                    "in training steps")
+    ends += [f"{length.max_steps:,} steps (--max-steps)"] if length.max_steps else []
+    ends += [f"{length.epochs:g} epochs (--epochs)"] if length.epochs else []
+    return "length: " + ", or ".join(ends) + (", whichever ends first" if len(ends) > 1 else "")
+
+def _data_reason(length: Length) -> str:
+    "The corpus the plan sized for, in words."
+    if length.corpus_bytes is None:
+        return "data: a stream of unknown size: the plan assumes it never repeats"
+    return (f"data: about {_million(length.corpus_tokens)} tokens of training text ({length.corpus_bytes / 1e6:.1f} MB "
+            f"at about {length.bytes_per_token:.2g} bytes per token, an estimate until the tokenizer is trained)")
+
+def _run_reason(plan: Plan) -> list[str]:
+    "What the run trains, estimated, and the dropout the repeats call for."
+    step = plan.tokens / plan.steps if plan.steps else 0
+    passes = f", {plan.epochs:.1f} passes over the data" if plan.epochs is not None else ""
+    lines = [f"the run: about {_million(plan.tokens)} tokens, {plan.steps:,} steps of {step:,.0f} tokens, "
+             f"{plan.tokens / plan.params:.1f} tokens per parameter{passes}"]
+    if plan.dropout_rate:
+        fade = " (past 16 repeats more returns almost nothing)" if plan.epochs > USEFUL_EPOCHS else ""
+        lines.append(f"dropout {plan.dropout_rate:g}: the data repeats more than {FREE_EPOCHS} times{fade}; the best "
+                     "checkpoint by validation is kept")
+    return lines
+
+def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelConfig, sized: bool,
+                    why: list[str]) -> Plan:
+    "`plan` with the run's estimated tokens, steps, epochs, dropout and the reasons for them."
+    run = length if length.given else replace(length, max_steps=TrainConfig().max_steps)
+    step = plan.batch_size * plan.gradient_accumulation_steps * cfg.seq_len * (1 if hw is None else plan.num_devices)
+    try:
+        tokens = tokens_trained(cfg, run, plan_speed(hw, plan.num_devices), lambda c: step)
+    except TinyLMError:  # no peak known for this device: no estimate by time
+        tokens = None if run.time_budget else tokens_trained(cfg, run, (1.0, 0.0), lambda c: step)
+    data = length.corpus_tokens
+    epochs = tokens / data if tokens is not None and data else None
+    plan = replace(plan, params=param_count(cfg), tokens=tokens, steps=math.ceil(tokens / step) if tokens else None,
+                   epochs=epochs, dropout_rate=dropout_for(epochs) if sized else 0.0)
+    if not length.given:
+        head = ["length: none given, so the device's default run: on a CPU the tiny preset for 600 steps, a first "
+                "look in minutes; on an accelerator the largest preset that trains compute-optimally in "
+                f"{SESSION_HOURS:g} h. Give --time-budget to size the model for your time and data"]
+    else:
+        head = [_length_reason(length, hw, plan.num_devices), _data_reason(length)]
+        head += why if sized else ["model: given (its flags or a base run): the plan fits its batch and rate"]
+    return replace(plan, reasons=tuple(head + (_run_reason(plan) if tokens else [])))
