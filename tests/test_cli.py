@@ -868,3 +868,37 @@ def test_a_copied_lora_run_finds_its_base_beside_it(trained, tmp_path):
     assert str(copy / os.pardir / "base") in str(e.value) and "\n" not in str(e.value)
     run = load_run(copy, base=hidden)
     assert run.step == 6 and run.base["path"] == str(hidden) and run.base["found"] == "the base folder given"
+
+
+def shifted_text(path: Path, seed: int = 0) -> Path:
+    """80 paragraphs of made-up words, the last 20 (the held-out tail of one text file) of other words than the first 60:
+    the more a model learns the training text, the worse it scores the held-out tail, from the first steps on."""
+    rng = np.random.default_rng(seed)
+    first, last = [f"ba{c}" for c in "bcdfghjklm"], [f"ko{c}" for c in "npqrstvwxz"]
+    paragraphs = [" ".join(rng.choice(words, 30)) for words, n in ((first, 60), (last, 20)) for _ in range(n)]
+    path.write_text("\n\n".join(paragraphs))
+    return path
+
+
+def test_the_best_checkpoint_is_the_result_where_validation_rises(tmp_path):
+    """A run whose validation loss rises after its first evaluation: generate, eval and export read best_checkpoint/
+    and say so on stderr; --last reads the newest step, and scores worse."""
+    out = tmp_path / "run"
+    flags = [*without(SMALL, "--dataset-id", "--vocab-size", "--eval-every", "--save-every"),
+             "--dataset-id", str(shifted_text(tmp_path / "words.txt")), "--val-split", "0.25", "--vocab-size", "300",
+             "--eval-every", "10", "--save-every", "10", "--max-steps", "40"]
+    r = tiny_lm("train", *flags, "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["best_step"] < summary["total_steps"] == 40, summary  # the premise: validation rose after its best
+    best = tiny_lm("eval", "--checkpoint", str(out), "--json")
+    assert best.returncode == 0, best.stderr
+    assert f"validation loss was lowest at step {summary['best_step']}" in best.stderr and "--last" in best.stderr
+    assert json.loads(best.stdout)["checkpoint"] == str(out / "best_checkpoint")
+    last = tiny_lm("eval", "--checkpoint", str(out), "--json", "--last")
+    assert last.returncode == 0 and "note:" not in last.stderr, last.stderr
+    assert json.loads(last.stdout)["bits_per_byte"] > json.loads(best.stdout)["bits_per_byte"]
+    sampled = tiny_lm("generate", "--checkpoint", str(out), "--max-tokens", "5")
+    assert sampled.returncode == 0 and "best_checkpoint" in sampled.stderr, sampled.stderr
+    exported = tiny_lm("export", "--checkpoint", str(out), "--out", str(tmp_path / "hf"))
+    assert exported.returncode == 0 and f"exported {out / 'best_checkpoint'}" in exported.stdout, exported.stdout

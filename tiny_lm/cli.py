@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 
 import jax
@@ -27,19 +28,20 @@ from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAP
 from .generate import generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
-from .profiles import Length, Plan, device_memory, match_hardware, plan_run, steps_per_call_dividing
+from .profiles import (Length, Plan, bytes_per_token_guess, device_memory, match_hardware, plan_run,
+                              steps_per_call_dividing)
 from .run import (RunConfig, Trainer, check_continued_model, check_continued_optimizer,
                          describe_inspection, duration, inspect_run, mesh_devices, recorded_model, resolve_resume,
                          saved_run, split_cpu)
 from .score import evaluate_text
 from .sizing import PRESETS, param_count, preset_config, size_report, target_config
-from .tokenizer import TokenizerConfig, load_tokenizer
+from .tokenizer import TokenizerConfig, bytes_per_token, load_tokenizer
 from .train import Interrupted, TrainConfig
 
 # %% auto #0
 __all__ = ['COMMANDS', 'model_from_args', 'configs_from_args', 'run_config_from_args', 'planned_length', 'apply_profile',
-           'run_train', 'plan_report', 'run_plan', 'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size',
-           'run_bench', 'main']
+           'run_train', 'plan_report', 'run_plan', 'result_checkpoint', 'run_generate', 'run_eval', 'run_export',
+           'run_inspect', 'run_size', 'run_bench', 'main']
 
 # %% ../nbs/09_cli.ipynb #8ac95d4f
 def _precision(args) -> str | None:
@@ -220,12 +222,16 @@ def _planned_vocab(args, init) -> int:
         return args.max_vocab_size or TokenizerConfig().max_vocab_size  # the largest it may choose
     return args.vocab_size or TokenizerConfig().vocab_size
 
-def planned_length(args, sizing: bool = True) -> Length:
+def planned_length(args, vocab_size: int) -> Length:
     ("The run's length as the flags give it and the size of its training text (None for a hub stream, which is not "
-     "opened here); no length when `sizing` is off (the model is given): then it only estimates the run.")
+     "opened here), in tokens of a given tokenizer (measured on its first documents) or of one of `vocab_size`.")
     data = DataConfig(**_given(args, [*DATA_FLAGS, "streaming"]))
-    size = None if source_kind(data.dataset_id) == "hub" else open_source(data).size_bytes
-    return Length(args.time_budget, args.max_steps, args.epochs, size, seq_len=args.seq_len)
+    source = None if source_kind(data.dataset_id) == "hub" else open_source(data)
+    measured = source is not None and bool(args.tokenizer_path) and Path(args.tokenizer_path).is_file()
+    per_token = (bytes_per_token(load_tokenizer(args.tokenizer_path), islice(source.documents("train"), 200))
+                 if measured else bytes_per_token_guess(vocab_size))
+    return Length(args.time_budget, args.max_steps, args.epochs, source and source.size_bytes, per_token, measured,
+                  args.seq_len)
 
 def _sizes_the_model(args, init) -> bool:
     "Whether the plan sizes the model: a new model with no size or shape flag given."
@@ -242,7 +248,7 @@ def _apply_sized(args, plan: Plan) -> None:
     if args.dropout_rate is None and plan.dropout_rate:
         args.dropout_rate = plan.dropout_rate
 
-# %% ../nbs/09_cli.ipynb #15c3e260
+# %% ../nbs/09_cli.ipynb #9c979b7f
 def apply_profile(args, saved: dict, init) -> Plan | None:
     ("Fill the flags a new run left unset with its hardware profile's picks: the model sized for the run's length and "
      "data (unless given), its batch, rate and the rest; the plan, or None (`none`, a resumed run).")
@@ -253,7 +259,7 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if args.profile == "none":
         return None
     vocab, sizing = _planned_vocab(args, init), _sizes_the_model(args, init)
-    length = planned_length(args)
+    length = planned_length(args, vocab)
     plan = plan_run(args.profile or "auto", vocab, length=length if sizing else Length())
     given = tuple(given_flags(args, _PLANNED))
     if sizing:
@@ -307,7 +313,7 @@ def run_train(args) -> dict:
                       run=replace(run, resume_from=resume_root), profile=plan)
     return trainer.fit()
 
-# %% ../nbs/09_cli.ipynb #fc5d43de
+# %% ../nbs/09_cli.ipynb #349aa765
 def plan_report(plan: Plan, model: ModelConfig) -> dict:
     "What `tiny-lm plan --json` prints: the run's estimates, its settings, the model as saved and the reasons."
     return {"profile": plan.profile, "device": plan.device, "num_devices": plan.num_devices,
@@ -338,10 +344,29 @@ def run_plan(args) -> dict:
     print(json.dumps(report, indent=2) if args.json else plan.describe())
     return report
 
+# %% ../nbs/09_cli.ipynb #5cd01a3d
+def result_checkpoint(path: str | Path, last: bool = False) -> str:
+    ("The checkpoint a command reads for `path`: a run folder's `best_checkpoint/` where validation rose after it "
+     "(said on stderr), unless `last`; any other path as it is.")
+    run, best = Path(path), Path(path) / "best_checkpoint"
+    if last or not best.is_dir() or not committed_steps(run):
+        return str(path)
+    try:
+        _, best_step, best_meta = run_meta(best)
+        _, newest, newest_meta = run_meta(run)
+    except TinyLMError:  # a damaged copy: the run's own steps, as before
+        return str(path)
+    lowest, now = best_meta.get("metrics", {}).get("val_loss"), newest_meta.get("metrics", {}).get("val_loss")
+    if best_step >= newest or lowest is None or now is None or now <= lowest:
+        return str(path)
+    print(f"note: {run}'s validation loss was lowest at step {best_step} ({lowest:.4f}) and rose to {now:.4f} by step "
+          f"{newest}: reading {best} (--last reads step {newest})", file=sys.stderr)
+    return str(best)
+
 # %% ../nbs/09_cli.ipynb #01d7405e
 def run_generate(args) -> list[str]:
     "Print each sample as it is generated (one) or under a header (several); return them."
-    model, tokenizer, _ = load_checkpoint(args.checkpoint)
+    model, tokenizer, _ = load_checkpoint(result_checkpoint(args.checkpoint, args.last))
     knobs = dict(num_samples=args.num_samples, max_new_tokens=args.max_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, use_cache=not args.no_cache)
     if args.num_samples == 1:  # stream: the prompt now, then the text as it becomes final
@@ -367,6 +392,7 @@ def _eval_source(args, run_data: dict) -> TextSource:
 
 def run_eval(args) -> dict:
     "Score the text; print the result (one JSON object with --json) and return it."
+    args.checkpoint = result_checkpoint(args.checkpoint, args.last)
     _, _, meta = run_meta(args.checkpoint)  # a wrong folder fails before any data is read
     source = _eval_source(args, meta["config"].get("data", {}))
     model, tokenizer, cfg = load_checkpoint(args.checkpoint)
@@ -391,6 +417,7 @@ def run_export(args) -> Path:
     if args.format not in EXPORT_FORMATS:
         raise TinyLMError(f"unknown --format {args.format!r}: choose one of {', '.join(EXPORT_FORMATS)} "
                           f"(hf: {EXPORT_FORMATS['hf']})")
+    args.checkpoint = result_checkpoint(args.checkpoint, args.last)
     out = export_hf(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} to {out}: load it with transformers.AutoModelForCausalLM.from_pretrained("
           f"{str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})")

@@ -281,7 +281,13 @@ def _precision_flags(g, default: str = "auto") -> None:
                    help="compute in bf16: the same as --precision bf16 (default: off, see --precision)")
 
 # %% ../nbs/08c_flags.ipynb #9c327fd7
-_CHECKPOINT_HELP = "a run folder (newest readable checkpoint) or one checkpoint_step_N folder (default: output)"
+_CHECKPOINT_HELP = ("a run folder (its best checkpoint by validation where validation rose after it, else its newest "
+                    "readable one) or one checkpoint folder (default: output)")
+
+def _checkpoint_flags(p) -> None:
+    p.add_argument("--checkpoint", default="output", help=_CHECKPOINT_HELP)
+    p.add_argument("--last", action="store_true", help="read a run folder's newest step even where validation rose "
+                   "after its best (default: off, the best)")
 
 def _sampling_flags(p, max_tokens: int = 100) -> None:
     p.add_argument("--max-tokens", "--max-length", dest="max_tokens", type=int, default=max_tokens,
@@ -296,7 +302,7 @@ def _sampling_flags(p, max_tokens: int = 100) -> None:
 
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="sample text from a trained model")
-    p.add_argument("--checkpoint", default="output", help=_CHECKPOINT_HELP)
+    _checkpoint_flags(p)
     p.add_argument("--prompt", default="", help="text to continue; a prompt longer than the model's window keeps its "
                    "last tokens (default: start a new document)")
     _sampling_flags(p)
@@ -309,7 +315,7 @@ def _generate_parser(sub) -> None:
 
 def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="loss, perplexity and bits per byte of a trained model on any text source")
-    p.add_argument("--checkpoint", default="output", help=_CHECKPOINT_HELP)
+    _checkpoint_flags(p)
     p.add_argument("--dataset-id", default=None, help="text to score: " + _HELP["dataset_id"].split(" (default")[0] +
                    " (default: the run's own dataset)")
     p.add_argument("--dataset-config", default=None, help=_HELP["dataset_config"])
@@ -332,7 +338,7 @@ EXPORT_FORMATS = {"hf": "a Hugging Face folder: Arcee's layout for the two-matri
 def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="write a trained model in another library's format (hf: a Hugging Face Llama "
                                       "folder)")
-    p.add_argument("--checkpoint", default="output", help=_CHECKPOINT_HELP)
+    _checkpoint_flags(p)
     p.add_argument("--format", default="hf",
                    help="; ".join(f"{k}: {v}" for k, v in EXPORT_FORMATS.items()) + " (default: hf)")
     p.add_argument("--out", default=None, help="the folder to write; it must not exist unless --overwrite (default: "

@@ -27,10 +27,10 @@ __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSU
            'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH',
            'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS',
            'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware',
-           'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'Length', 'context_for', 'model_ladder',
-           'preset_named', 'tokens_trained', 'effective_tokens', 'size_model', 'dropout_for', 'choose_batch',
-           'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
-           'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
+           'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess', 'Length',
+           'context_for', 'model_ladder', 'preset_named', 'tokens_trained', 'effective_tokens', 'size_model',
+           'dropout_for', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing',
+           'muon_overhead', 'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
                 and compute_optimal_hours(cfg, peak * num_devices) <= SESSION_HOURS)
     return ([name for name in PRESETS if ok(name)] or ["nano"])[-1]
 
-# %% ../nbs/04a_profiles.ipynb #50141430
+# %% ../nbs/04a_profiles.ipynb #d6ab3908
 PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
@@ -138,6 +138,11 @@ TRAIN_SHARE = 0.85  # the share of a time budget a plan expects in training step
 CPU_MFU = 0.3  # measured: the tiny and small presets on a 2-core CPU, `tiny-lm bench train` (0.32 of the matmul peak)
 BYTES_PER_TOKEN_GUESS = 3.6  # measured: the default 4,096-token tokenizer on the built-in corpus (3.63)
 
+def bytes_per_token_guess(vocab_size: int) -> float:
+    ("Bytes per token before a tokenizer exists: 3.6 at 4,096 tokens, 0.47 fewer each halving of the vocabulary "
+     "(measured: 2.2 at 512 on Shakespeare), at most 4.5 (GPT-2's 50k vocabulary on English, about 4.3).")
+    return min(4.5, max(1.5, BYTES_PER_TOKEN_GUESS + 0.47 * math.log2(vocab_size / 4096)))
+
 @dataclass(frozen=True)
 class Length:
     "How long a run should be and how much text it has: what a plan sizes the model for (None: not given)."
@@ -146,6 +151,7 @@ class Length:
     epochs: float | None = None  # passes over the training text (--epochs)
     corpus_bytes: int | None = None  # bytes of training text (None: not known, a hub stream)
     bytes_per_token: float = BYTES_PER_TOKEN_GUESS  # the tokenizer's, or the estimate before there is one
+    measured: bool = False  # bytes_per_token was measured with the run's tokenizer
     seq_len: int | None = None  # the context every candidate trains at (--seq-len; None: each model's own)
 
     @property
@@ -184,7 +190,7 @@ def preset_named(cfg: ModelConfig) -> str | None:
     shape = lambda c: (c.d_model, c.n_layer, c.n_head, c.d_ff, c.seq_len)
     return next((name for name in PRESETS if shape(preset_config(name, cfg.vocab_size)) == shape(cfg)), None)
 
-# %% ../nbs/04a_profiles.ipynb #d102f5d3
+# %% ../nbs/04a_profiles.ipynb #4b486de2
 def tokens_trained(cfg: ModelConfig, length: Length, speed: tuple[float, float],
                    step_tokens: Callable[[ModelConfig], int]) -> float:
     ("Tokens a run of `cfg` trains in `length`, whichever end comes first: its time (TRAIN_SHARE of it in steps of "
@@ -396,7 +402,7 @@ def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected:
                 choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat,
                 optimizer=choose_optimizer(cfg, micro * accum * cfg.seq_len))
 
-# %% ../nbs/04a_profiles.ipynb #62930e3e
+# %% ../nbs/04a_profiles.ipynb #60dfcea1
 STEP_OVERHEAD = {"cpu": 0.0, "gpu": 1.3e-3, "tpu": 1.3e-3}  # s a step costs beyond its FLOPs (H200, tiny preset)
 
 def plan_speed(hw: Hardware | None, num_devices: int = 1) -> tuple[float, float]:
@@ -416,7 +422,7 @@ def step_tokens_for(hw: Hardware | None, num_devices: int = 1) -> Callable[[Mode
         return lambda cfg: TrainConfig().batch_size * cfg.seq_len
     return lambda cfg: max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len) * cfg.seq_len * num_devices
 
-# %% ../nbs/04a_profiles.ipynb #6e4f19ee
+# %% ../nbs/04a_profiles.ipynb #3f6358c3
 def _fits(hw: Hardware | None, detected: bool) -> Callable[[ModelConfig], bool]:
     "Whether one sequence of a model's training step fits a device of `hw` (a CPU: always), recomputing all it may."
     if hw is None:
@@ -456,7 +462,7 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
         plan = replace(plan, model_preset=name, model=None if name else sized.to_dict())
     return _with_estimates(plan, hw, length, chosen or plan.model_config(vocab_size), sized is not None, why)
 
-# %% ../nbs/04a_profiles.ipynb #30034f44
+# %% ../nbs/04a_profiles.ipynb #e5229760
 def _length_reason(length: Length, hw: Hardware | None, num_devices: int) -> str:
     "The length the plan sized for, in words."
     ends = []
@@ -474,7 +480,8 @@ def _data_reason(length: Length) -> str:
     if length.corpus_bytes is None:
         return "data: a stream of unknown size: the plan assumes it never repeats"
     return (f"data: about {_million(length.corpus_tokens)} tokens of training text ({length.corpus_bytes / 1e6:.1f} MB "
-            f"at about {length.bytes_per_token:.2g} bytes per token, an estimate until the tokenizer is trained)")
+            f"at about {length.bytes_per_token:.2g} bytes per token, "
+            f"{'measured with its tokenizer' if length.measured else 'an estimate until the tokenizer is trained'})")
 
 def _run_reason(plan: Plan) -> list[str]:
     "What the run trains, estimated, and the dropout the repeats call for."
