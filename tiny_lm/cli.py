@@ -344,7 +344,7 @@ def run_plan(args) -> dict:
     print(json.dumps(report, indent=2) if args.json else plan.describe())
     return report
 
-# %% ../nbs/09_cli.ipynb #5cd01a3d
+# %% ../nbs/09_cli.ipynb #cf3c6b0e
 def result_checkpoint(path: str | Path, last: bool = False) -> str:
     ("The checkpoint a command reads for `path`: a run folder's `best_checkpoint/` where validation rose after it "
      "(said on stderr), unless `last`; any other path as it is.")
