@@ -23,12 +23,12 @@ from .train import TrainConfig
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'PLAN_TOKENS_PER_PARAM',
-           'DATA_TOKENS_PER_PARAM', 'FREE_EPOCHS', 'USEFUL_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU', 'BYTES_PER_TOKEN_GUESS',
-           'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH',
-           'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS',
-           'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware',
-           'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess', 'Length',
-           'context_for', 'model_ladder', 'preset_named', 'tokens_trained', 'effective_tokens', 'size_model',
+           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'FREE_EPOCHS', 'USEFUL_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU',
+           'BYTES_PER_TOKEN_GUESS', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER', 'BASE_LEARNING_RATE',
+           'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'MUON_MAX_OVERHEAD',
+           'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory', 'device_memory',
+           'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess',
+           'Length', 'context_for', 'model_ladder', 'preset_named', 'tokens_trained', 'effective_tokens', 'size_model',
            'dropout_for', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing',
            'muon_overhead', 'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
 
@@ -129,6 +129,9 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
 
 # %% ../nbs/04a_profiles.ipynb #d6ab3908
 PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
+# the same, measured for minutes of a 2-core CPU (13_size_sweep, the built-in corpus): at 2 minutes nano (3.4 tokens
+# per parameter) beat tiny (0.4), at 10 minutes tiny (3.5) beat nano (14.0)
+CPU_TOKENS_PER_PARAM = 5
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
 DATA_TOKENS_PER_PARAM = 1.5
@@ -217,19 +220,21 @@ def _million(n: float) -> str:
     return f"{n / 1e6:.1f} M" if n >= 1e5 else f"{n / 1e3:.0f} K"
 
 def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float, float], step_tokens: Callable,
-               fits: Callable[[ModelConfig], bool]) -> tuple[ModelConfig, list[str]]:
-    ("The largest model of `ladder` that fits, trains on PLAN_TOKENS_PER_PARAM tokens per parameter in `length`, and "
-     "whose text is worth DATA_TOKENS_PER_PARAM per parameter, repeats discounted; the smallest if none; and why.")
+               fits: Callable[[ModelConfig], bool],
+               per_param: float = PLAN_TOKENS_PER_PARAM) -> tuple[ModelConfig, list[str]]:
+    ("The largest model of `ladder` that fits, trains on `per_param` tokens per parameter in `length`, and whose text "
+     "is worth DATA_TOKENS_PER_PARAM per parameter, repeats discounted; the smallest if none; and why, a line each.")
     fitting = [cfg for cfg in ladder if fits(cfg)] or list(ladder[:1])
     trained = {id(cfg): tokens_trained(cfg, length, speed, step_tokens) / param_count(cfg) for cfg in fitting}
     worth = {id(cfg): effective_tokens(trained[id(cfg)] * param_count(cfg), length.corpus_tokens) / param_count(cfg)
              for cfg in fitting}
-    limit = lambda cfg: ("the time" if trained[id(cfg)] < PLAN_TOKENS_PER_PARAM else
+    limit = lambda cfg: ("the time" if trained[id(cfg)] < per_param else
                          "the data" if worth[id(cfg)] < DATA_TOKENS_PER_PARAM else None)
     good = [cfg for cfg in fitting if limit(cfg) is None]
     pick = good[-1] if good else fitting[0]
-    why = [f"size: the largest model that trains on at least {PLAN_TOKENS_PER_PARAM} tokens per parameter "
-           "(Hoffmann et al. 2022: about 20 is compute-optimal) of text worth at least "
+    measured = " on accelerators; 5 measured best for minutes of a CPU" if per_param != PLAN_TOKENS_PER_PARAM else ""
+    why = [f"size: the largest model that trains on at least {per_param:g} tokens per parameter "
+           f"(Hoffmann et al. 2022: about 20 is compute-optimal{measured}) of text worth at least "
            f"{DATA_TOKENS_PER_PARAM:g} distinct tokens per parameter, a repeat worth less each time (Muennighoff et "
            f"al. 2023; nanoGPT's Shakespeare recipe has 1.5): {_million(param_count(pick))} parameters"]
     bigger = [cfg for cfg in fitting if param_count(cfg) > param_count(pick)]
@@ -438,7 +443,7 @@ def _size_for(hw: Hardware | None, vocab_size: int, num_devices: int, length: Le
     dtype = "float32" if hw is None else _precision(hw)
     ladder = [replace(cfg, dtype=dtype) for cfg in model_ladder(vocab_size, length.seq_len)]
     return size_model(ladder, length, plan_speed(hw, num_devices), step_tokens_for(hw, num_devices),
-                      _fits(hw, detected))
+                      _fits(hw, detected), CPU_TOKENS_PER_PARAM if hw is None else PLAN_TOKENS_PER_PARAM)
 
 def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
              num_devices: int | None = None, length: Length | None = None) -> Plan | None:
