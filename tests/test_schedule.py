@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from test_cli import SMALL, tiny_lm, without
+from test_cli import ENV, SMALL, tiny_lm, without
 from test_faults import steps_on_disk
 
 PEAK, WARMUP = 3e-3, 3  # --warmup-steps 50 on a 30-step run: at most a tenth of it
@@ -74,6 +74,41 @@ def test_training_further_never_jumps_the_rate(short_run, tmp_path):
     assert lr[31] == pytest.approx(lr[30], rel=1e-4)  # the continuation starts where the run ended
     assert max(lr[s] for s in range(31, 61)) == pytest.approx(PEAK, rel=1e-5)
     assert lr[60] == pytest.approx(PEAK / 10, rel=1e-5)
+
+
+def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_are_a_third(tmp_path):
+    """`--time-budget` on a model whose compiling and evaluating take a third of the budget or more (8 layers, an
+    evaluation every 10 steps; measured from the summary) ends within 5 % of it: `budget_used` in [0.95, 1], the last
+    evaluation, save and the scoring of the validation text included; its evaluations kept to a tenth of it (said).
+
+    The tolerance follows from the mechanism, not from a quiet machine: everything before the clock decides is
+    measured (the compiles, evaluations and saves too), and the plan aims at 97.5 % of the budget, so the landing
+    misses the aim only by how much the machine's speed changes over what the plan had left to foresee: the decay
+    (5 % of the steps), its evaluations and saves, the last save's write and the scoring. Those are asserted to be at
+    most 5 % of the budget, so steps, evaluations and saves anything from half as fast to 1.5 times as fast as before
+    the decision (a test runner's other work starting or stopping) still land in [0.95, 1]. The default decay, 30 %
+    of the steps, leaves 5-6 times as much to foresee (it landed at 0.959 and 0.967 in two runs like this one here)."""
+    # a compile cache of its own: the step, the evaluation and the scoring compile here (a cache other tests share may
+    # hold them); 10 validation batches (the held-out fifth holds more), more than a tenth of the budget holds at every
+    # 10 steps: the run chooses fewer, and says so; a 2-step warm-up, over before the clock can decide
+    env = {**ENV, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    out, budget = tmp_path / "budget", 30
+    command = [*without(FLAGS, "--num-layers", "--log-every", "--eval-every", "--warmup-steps"), "--num-layers", "8",
+               "--log-every", "2", "--eval-every", "10", "--warmup-steps", "2", "--decay-fraction", "0.05",
+               "--val-split", "0.2", "--eval-batches", "10", "--time-budget", f"{budget}s"]
+    r = tiny_lm("train", *command, "--output-dir", str(out), env=env)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "training_summary.json").read_text())
+    lr, last, decay = rates(out), summary["total_steps"], summary["decay_start"]
+    assert 0 < decay < last == max(lr) and lr[last] == pytest.approx(PEAK / 10, rel=1e-5)
+    outside = summary["compile_seconds"] + summary["eval_seconds"] + summary["scoring_compile_seconds"]
+    print(f"budget used: {summary['budget_used']:.3f} of {budget} s; compiling and evaluating {outside:.1f} s; "
+          f"the plan foresaw {summary['decay_plan']['seconds']:.2f} s, {last - decay} steps of decay")
+    assert outside >= budget / 3, summary  # the case this test is for
+    assert summary["decay_plan"]["seconds"] <= 0.05 * budget, summary["decay_plan"]  # what the plan had to foresee
+    assert 0.95 <= summary["budget_used"] <= 1.0, {k: summary[k] for k in ("budget_used", "decay_plan", "total_time")}
+    assert "validation:" in r.stdout and 0 < summary["eval_tokens"] < 10 * 8 * 32, r.stdout
+    assert summary["final_val_bpb_tokens"] > 0
 
 
 def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
@@ -48,10 +48,10 @@ from .train import (BUDGET_STEPS, TrainConfig, continue_schedule, fit, init_mode
                            new_schedule, set_schedule, use_compile_cache)
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'RunConfig', 'resolve_resume', 'saved_run', 'check_continued_model', 'check_continued_optimizer',
-           'continued_configs', 'shared_tokens', 'PreparedData', 'prepare_data', 'prepare_tokenizer', 'mesh_devices',
-           'run_mesh', 'split_cpu', 'warn_if_too_big', 'recorded_model', 'duration', 'RunState', 'Trainer',
-           'inspect_run', 'describe_inspection']
+__all__ = ['SAMPLE_TOKENS', 'SCORING_EVALS', 'RunConfig', 'resolve_resume', 'saved_run', 'check_continued_model',
+           'check_continued_optimizer', 'continued_configs', 'shared_tokens', 'PreparedData', 'prepare_data',
+           'prepare_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big', 'recorded_model',
+           'duration', 'RunState', 'Trainer', 'inspect_run', 'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #e65ad816
 @dataclass(frozen=True)
@@ -390,6 +390,7 @@ class RunState:
     start: int = 0  # the step training starts from
     ckpt: Checkpointer | None = None
     budget: float | None = None  # time budget of this start (s): all, or what a resumed run's save left
+    scoring_compile: float | None = None  # a time budget's run: seconds of compiling the final scoring, before the loop
 
 # %% ../nbs/08a_run.ipynb #f177f2e3
 class Trainer:
@@ -610,6 +611,8 @@ def _describe_run(t: Trainer, s: RunState) -> None:
     t.say(f"compute: {cfg.dtype} (parameters {cfg.param_dtype}) | {describe_attention(cfg)}")
 
 # %% ../nbs/08a_run.ipynb #af687898
+SCORING_EVALS = 2  # the final scoring's windows advance by half a window (07a_score): twice an evaluation's windows
+
 def _budget_left(s: RunState, say=print) -> TrainConfig:
     ("The training settings `fit` gets: a time budget counts from the start of the run (the tokenizer, the data); a "
      "run resumed with the budget it was started with goes on with what its last save left of it.")
@@ -626,13 +629,15 @@ def _budget_left(s: RunState, say=print) -> TrainConfig:
 def _train(t: Trainer, s: RunState):
     "The loop (04_train's `fit`) from the start step; a stop by signal or error still finishes the copies in flight."
     main, out = is_main_process(), t.output_dir
+    if s.train_cfg.time_budget:  # its cost measured, not guessed, where the budget plans the run's end
+        s.scoring_compile = _compile_scoring(s)
     try:
         try:
             run = fit(s.model, s.optimizer, s.data.batches, _budget_left(s, t.say), s.total_steps,
                       val_batches=s.data.val_batches, start_step=s.start, put=batch_put(s.mesh),
                       val_put=global_put(s.mesh), checkpoint=s.ckpt, progress=t.run.progress and main, log=t.say,
                       output_dir=out if main else None, peak=peak_flops(s.model_cfg.dtype),
-                      on_eval=_eval_sampler(t, s.tokenizer), schedule=s.config["schedule"])
+                      on_eval=_eval_sampler(t, s.tokenizer), schedule=s.config["schedule"], after_evals=SCORING_EVALS)
             s.total_steps = s.config["schedule"]["total_steps"]  # a time budget's clock may have decided it
             return run
         finally:
@@ -654,6 +659,47 @@ def _eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
     return sample
 
 # %% ../nbs/08a_run.ipynb #4fb3b7b9
+def _scoring_tokens(s: RunState, run) -> int:
+    ("The validation tokens the final scoring reads: those an evaluation scored (fewer than all where a time budget's "
+     "share said so); with a budget, no more than what is left of it holds (at least one batch of windows), by "
+     "process 0's clock for every process.")
+    if not s.budget:
+        return run.eval_tokens
+    def fitting() -> int:
+        left = s.budget - (time.perf_counter() - s.started)
+        per_token = SCORING_EVALS * run.forward_seconds() / run.eval_tokens
+        one_batch = len(s.data.val_batches[0]) * s.model_cfg.seq_len // 2  # windows advancing by half a window
+        return max(one_batch, min(run.eval_tokens, int(left / per_token))) if per_token > 0 else run.eval_tokens
+    return on_main_process(fitting)
+
+def _first_text(documents: Iterable[str], chars: int) -> Iterator[str]:
+    "The documents up to `chars` characters in all: the last one read cut short."
+    for doc in documents:
+        if chars <= 0:
+            return
+        yield doc[:chars]
+        chars -= len(doc)
+
+def _score(s: RunState, tokens: int | None, documents: Iterable[str]) -> dict:
+    "Bits per byte of the model on `documents` (up to `tokens` of them), as `tiny-lm eval` scores validation text."
+    return evaluate_text(s.model, s.tokenizer, documents, s.source.separator, max_tokens=tokens,
+                         batch_size=len(s.data.val_batches[0]), put=global_put(s.mesh))
+
+def _compile_scoring(s: RunState) -> float:
+    ("Compile the final scoring's program now, on a few characters of the validation text (the run's time budget then "
+     "knows its cost instead of guessing it); returns the seconds it took.")
+    started = time.perf_counter()
+    _score(s, None, _first_text(s.source.documents("val"), s.model_cfg.seq_len))
+    return time.perf_counter() - started
+
+def _final_score(s: RunState, run) -> dict:
+    ("`_score` on `_scoring_tokens` of the validation text: whole documents, or where a time budget made them fewer "
+     "than the validation batches hold, the characters they take.")
+    tokens, text = _scoring_tokens(s, run), s.source.documents("val")
+    if tokens < sum(b.shape[0] * (b.shape[1] - 1) for b in s.data.val_batches):  # a long document is not read whole
+        text = _first_text(text, math.ceil(tokens * s.bpt))
+    return _score(s, tokens, text)
+
 def _summarize(t: Trainer, s: RunState, run) -> dict:
     "The training summary: the usual run-summary fields, validation and speed figures, and where everything is."
     evals = run.evals or [{"val_loss": None, "step": None}]
@@ -675,15 +721,14 @@ def _summarize(t: Trainer, s: RunState, run) -> dict:
         "checkpoints": [f"{STEP_PREFIX}_{step}" for step in s.ckpt.steps()],
         "device_info": device_info(),
     }
-    val_rows = sum(len(b) for b in s.data.val_batches)  # bits per byte of the validation text, as `tiny-lm eval` scores
-    scored = evaluate_text(s.model, s.tokenizer, s.source.documents("val"), s.source.separator,
-                           max_tokens=val_rows * s.model_cfg.seq_len, batch_size=len(s.data.val_batches[0]),
-                           put=global_put(s.mesh))
-    summary["final_val_bpb"] = scored["bits_per_byte"]
+    scored = _final_score(s, run)
+    summary |= {"final_val_bpb": scored["bits_per_byte"], "final_val_bpb_tokens": scored["tokens"],
+                "eval_tokens": run.eval_tokens, "save_seconds": run.save_seconds,
+                "scoring_compile_seconds": s.scoring_compile}
     summary |= {"trainable_params": count_params(s.model, s.optimizer.wrt), "init_from": s.config.get("init_from"),
                 "mesh": dict(s.mesh.shape), "effective_batch_size": s.config["global_batch_size"] * accum,
                 "profile": asdict(t.profile) if t.profile else None, "time_budget": s.train_cfg.time_budget,
-                "decay_start": run.decay_start}
+                "decay_start": run.decay_start, "decay_plan": run.decay_plan}
     if s.train_cfg.time_budget:  # how close the run landed: its whole wall time, the last evaluation and save included
         summary |= {"budget_at_start": s.budget, "budget_used": (time.perf_counter() - s.started) / s.budget}
     if t.run.merge_lora:
@@ -712,7 +757,8 @@ def _report(t: Trainer, s: RunState, summary: dict) -> None:
     "The last lines: how good and how fast, the compute-optimal token budget, and a sample."
     mfu = f"MFU {summary['mfu']:.1%}, " if summary["mfu"] is not None else ""
     t.say(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {s.data.baseline:.4f}), "
-          f"{summary['final_val_bpb']:.3f} bits per byte, {summary['avg_tokens_per_sec']:,.0f} tokens/s, {mfu}"
+          f"{summary['final_val_bpb']:.3f} bits per byte (on {summary['final_val_bpb_tokens']:,} tokens), "
+          f"{summary['avg_tokens_per_sec']:,.0f} tokens/s, {mfu}"
           f"{summary['outside_step_fraction']:.1%} of the time outside the compiled step, "
           f"waited for data {summary['data_wait_fraction']:.1%}, {summary['total_time']:.0f} s -> {t.output_dir}")
     budget, rate = summary["compute_optimal_tokens"], summary["avg_tokens_per_sec"]

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
 
@@ -33,12 +33,13 @@ from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
 __all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'SCHEDULES', 'LOGITS_MEMORY_SHARE', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM',
-           'COMPILE_CACHE', 'NOT_DECIDED', 'TrainConfig', 'warmup_for', 'new_schedule', 'legacy_schedule',
-           'schedule_fn', 'continue_schedule', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip',
-           'init_model', 'set_schedule', 'loss_fn', 'logits_budget', 'chunked_cross_entropy', 'dropout_key',
-           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog',
-           'Interrupted', 'stop_signals', 'decay_from', 'decay_data', 'clock_rates', 'budget_optimizer',
-           'decay_steps_left', 'fit']
+           'COMPILE_CACHE', 'FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'NOT_DECIDED', 'BUDGET_AIM', 'EVAL_SHARE',
+           'TrainConfig', 'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule',
+           'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn',
+           'logits_budget', 'chunked_cross_entropy', 'dropout_key', 'make_train_step', 'steps_in_one_call',
+           'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted', 'stop_signals', 'decay_from',
+           'decay_data', 'clock_rates', 'budget_optimizer', 'run_costs', 'budget_steps', 'decay_steps_left',
+           'eval_batches_for', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 SAVED_BEFORE = {"lr_schedule": "cosine"}  # runs saved before a field existed trained with this value of it
@@ -470,6 +471,11 @@ def evaluate(eval_step, state, val_batches: Sequence[np.ndarray], put: Callable 
     return float(sum(losses) / sum(len(b) for b in val_batches))
 
 # %% ../nbs/04_train.ipynb #de7e91c9
+FORWARD_SHARE = 1 / 3  # a forward pass over some tokens: about a third of a train step's forward and backward
+# an evaluation's program compiles in about this share of the train step's compile: measured on a 2-core CPU,
+# 0.17-0.38 for models of 2-8 layers (the step's graph: the forward pass, its backward, the update)
+FORWARD_COMPILE_SHARE = 0.4
+
 @dataclass
 class TrainLog:
     "What happened during `fit`: per-log-step metrics, evaluations, and totals."
@@ -485,10 +491,28 @@ class TrainLog:
     seconds: float = 0.0  # wall time of the loop, compilation and evaluation included
     data_wait: float = 0.0  # seconds the loop waited for the next batch
     outside: float = 0.0  # seconds of host work outside the compiled step (data, transfers, metrics)
-    eval_seconds: float = 0.0  # seconds spent evaluating and checkpointing
+    paused: float = 0.0  # seconds off the training clock: compiling the step, evaluating, saving, drawing the plot
     compile_seconds: float = 0.0  # the first step's call: tracing and compiling
-    longest_pause: float = 0.0  # the longest evaluation and checkpoint between two calls, in seconds
+    eval_times: list[float] = field(default_factory=list)  # seconds of each evaluation (the first compiles its program)
+    save_times: list[float] = field(default_factory=list)  # seconds each checkpoint save held the loop
+    last_save: float = field(default_factory=time.perf_counter)  # perf_counter() at the last save (none: the start)
+    save_write: float | None = None  # a time budget's run: seconds its first save took to write, waited for
+    eval_tokens: int = 0  # tokens one evaluation scores
+    eval_batch_seconds: float | None = None  # a time budget's run: one validation batch's forward pass, timed
+    val_batches: int | None = None  # validation batches each evaluation scores (None: no evaluation yet)
     decay_start: int | None = None  # a time budget's run: the step its clock started the decay at
+    # and when (seconds into the loop), its steps, the `costs` it planned with, and the `seconds` it planned to the end
+    decay_plan: dict | None = None
+
+    @property
+    def eval_seconds(self) -> float:
+        "Seconds spent evaluating, compiling the evaluation's program included."
+        return sum(self.eval_times)
+
+    @property
+    def save_seconds(self) -> float:
+        "Seconds the checkpoint saves held the loop (asynchronous: copying the state, waiting for the last one)."
+        return sum(self.save_times)
 
     @property
     def data_wait_fraction(self) -> float:
@@ -514,11 +538,6 @@ class TrainLog:
         return self._steady("tokens_per_sec", lambda h: self.tokens_per_step * h["step"])
 
     @property
-    def wall_tokens_per_sec(self) -> float:
-        "Throughput by the wall clock, from the first log step to the last: the evaluations and saves between included."
-        return self._steady("tokens_per_sec", lambda h: self.tokens_per_step * h["step"], clock="time")
-
-    @property
     def mfu(self) -> float | None:
         "Model FLOPs utilisation of the steady state."
         return self.flops_per_token * self.tokens_per_sec / self.peak_flops if self.peak_flops else None
@@ -527,6 +546,42 @@ class TrainLog:
     def outside_step_fraction(self) -> float:
         "Share of the steady state's wall time spent on the host outside the compiled step."
         return self._steady("outside_step_fraction", lambda h: h["outside"])
+
+    def step_seconds(self) -> float | None:
+        ("Seconds an optimizer step takes by the training clock: the steady rate's (`tokens_per_sec`), before a log "
+         "step the clock's so far; None before the first step.")
+        if self.tokens_per_sec:
+            return self.tokens_per_step / self.tokens_per_sec
+        return (time.perf_counter() - self.started - self.paused) / self.steps if self.steps else None
+
+    def eval_cost(self) -> tuple[float, float]:
+        ("Seconds one more evaluation takes, and the seconds of compiling the first one still adds: measured (the mean "
+         "of those after the first, which compiled), else estimated from the train step (`FORWARD_SHARE` of a step "
+         "per `tokens_per_step` tokens; `FORWARD_COMPILE_SHARE` of its compile).")
+        if len(self.eval_times) >= 2:
+            return float(np.mean(self.eval_times[1:])), 0.0
+        guess = self.eval_tokens / max(self.tokens_per_step, 1) * (self.step_seconds() or 0.0) * FORWARD_SHARE
+        if self.eval_times:  # its compile is over, and within its seconds
+            return min(guess, self.eval_times[0]), 0.0
+        return guess, FORWARD_COMPILE_SHARE * self.compile_seconds if self.eval_tokens else 0.0
+
+    def forward_seconds(self) -> float:
+        ("Seconds of an evaluation's forward passes alone, without its records and plot: its batches at the time a "
+         "batch took at the first evaluation of a time budget's run, else an evaluation's (`eval_cost`).")
+        if self.eval_batch_seconds is not None and self.val_batches:
+            return self.val_batches * self.eval_batch_seconds
+        return self.eval_cost()[0]
+
+    def save_cost(self) -> float:
+        ("Seconds a save holds the loop: the mean of those after the first, which set the checkpoints up; with only "
+         "the first seen, its call without the write it waited for, or that write if shorter (copying the state off "
+         "the devices takes no longer than writing it); 0 before any.")
+        if len(self.save_times) > 1:
+            return float(np.mean(self.save_times[1:]))
+        if not self.save_times:
+            return 0.0
+        call = self.save_times[0] - (self.save_write or 0.0)
+        return min(call, self.save_write) if self.save_write is not None else call
 
 # %% ../nbs/04_train.ipynb #d816e4f6
 def _write_jsonl(path: Path | None, record: dict) -> None:
@@ -538,7 +593,7 @@ def _record(run: TrainLog, done: int, metrics: dict, lr: float, bar, max_skipped
             metrics_path: Path | None) -> None:
     loss, skipped = float(metrics["loss"]), int(metrics["skipped"])  # float() waits for the device
     synced = time.perf_counter()
-    clock = synced - run.started - run.eval_seconds
+    clock = synced - run.started - run.paused
     prev = run.history[-1] if run.history else dict(step=run.start_step, clock=0.0, outside=0.0)
     interval = clock - prev["clock"]
     rate = run.tokens_per_step * (done - prev["step"]) / interval
@@ -616,7 +671,7 @@ def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable,
     state, metrics = train_step(state, batches_BT[0] if steps_per_call == 1 else tuple(batches_BT))
     if run.steps == 0 or steps != steps_per_call:  # the first call (and a last, shorter one) traces and compiles
         run.compile_seconds += time.perf_counter() - called
-        run.eval_seconds += time.perf_counter() - called  # out of the rates, like evaluation
+        run.paused += time.perf_counter() - called  # out of the rates, like evaluation
         run.tokens_per_step = batches_BT[0].shape[0] * seq_len
         release_freed_memory()  # the compiler's working memory, which malloc would keep under the steps' own
     run.outside += called - fetched
@@ -632,7 +687,7 @@ def _log_step(run: TrainLog, cfg: TrainConfig, before: int, done: int, total_ste
     "Advance the progress bar; at a log step (and the last), record the metrics and redraw the live plot."
     if _crossed(before, done, cfg.log_every) or done == total_steps:
         _record(run, done, metrics, float(schedule(done - 1)), bar, cfg.max_skipped_steps, metrics_path)
-        run.eval_seconds += live.update(run) if live else 0.0  # drawing is not training time
+        run.paused += live.update(run) if live else 0.0  # drawing is not training time
     bar.update(done - before)
 
 # %% ../nbs/04_train.ipynb #2a768c97
@@ -644,19 +699,18 @@ def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches
     if jax.process_count() == 1 or _crossed(before, done, cfg.log_every):  # many processes compare at log steps only
         stop, late = _on_any_process(
             requested[0] if requested and done < total_steps else 0,
-            cfg.save_every_minutes > 0 and time.monotonic() - last_save >= 60 * cfg.save_every_minutes)
+            cfg.save_every_minutes > 0 and time.perf_counter() - last_save >= 60 * cfg.save_every_minutes)
     saving = checkpoint is not None and (_crossed(before, done, cfg.save_every) or done == total_steps or late > 0
                                          or stop > 0)
     return evaluating, saving, stop
 
 @contextmanager
-def _paused(run: TrainLog, metrics: dict):
-    "The time inside counts as evaluation and checkpointing, not training."
-    jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not evaluation time
+def _paused(run: TrainLog, times: list[float]):
+    "The time inside is off the training clock: one more of `times` (the run's evaluations' or saves')."
     paused = time.perf_counter()
     yield
-    run.eval_seconds += time.perf_counter() - paused
-    run.longest_pause = max(run.longest_pause, time.perf_counter() - paused)
+    times.append(time.perf_counter() - paused)
+    run.paused += times[-1]
 
 # %% ../nbs/04_train.ipynb #030e254c
 def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_path: Path | None, say: Callable,
@@ -675,9 +729,10 @@ def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_
         on_eval(done, model)
 
 def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Optimizer, state, data_state,
-          run: TrainLog, budget: float | None = None) -> float:
+          run: TrainLog, budget: float | None = None) -> None:
     ("Write the state back into the objects and checkpoint them with the latest metrics (with a time `budget`, the "
-     "seconds left of it: a resumed run goes on with them); returns the time of the save.")
+     "seconds left of it: a resumed run goes on with them, and the first save's write is timed); `run.last_save` is "
+     "its time.")
     nnx.update((model, optimizer), state)
     data = {} if data_state is None else {"data": data_state()}
     last_eval = run.evals[-1] if run.evals else {}
@@ -685,7 +740,11 @@ def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Op
     if budget:
         metrics["budget_left"] = budget - (time.perf_counter() - run.started)
     checkpoint(done, model, optimizer, metrics, **data)
-    return time.monotonic()
+    if budget and run.save_write is None and hasattr(checkpoint, "wait"):  # 06_checkpoint's, which writes in the
+        written = time.perf_counter()  # background: a time budget's run waits for its first write, to know its cost
+        checkpoint.wait()
+        run.save_write = time.perf_counter() - written
+    run.last_save = time.perf_counter()
 
 def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
     "The finished run's totals (wall time, time waiting for data), and loss.png drawn from all of metrics.jsonl."
@@ -735,19 +794,64 @@ def budget_optimizer(cfg: TrainConfig, schedule: dict) -> Callable[[dict], optax
         return None
     return lambda decay: make_optimizer(cfg, 0, rates=clock_rates(schedule, decay))
 
-def decay_steps_left(run: TrainLog, cfg: TrainConfig) -> int | None:
-    ("After a call of a run with a time budget: None while the peak holds, else the steps (whole calls, at least one) "
-     "that what is left of the budget fits, keeping back the last evaluation and save (the longest pause seen, or "
-     "a compile if longer) and one compile more: `tiny-lm train` scores the validation text after the last step, "
-     "with a program of its own.")
+# %% ../nbs/04_train.ipynb #3c5e7a10
+def run_costs(run: TrainLog, after_evals: float = 0.0, saving: bool = True) -> dict:
+    ("What the rest of a run costs, in seconds, as measured so far (`budget_steps`'s `costs`): a `step` (steady), an "
+     "`eval` and the `eval_compile` the first one still adds (`TrainLog.eval_cost`), a `save` (`TrainLog.save_cost`), "
+     "the time `since_save`, and `after` the last step: the last save's write (`TrainLog.save_write`) and "
+     "`after_evals` evaluations' worth of forward passes (`tiny-lm train` scores the validation text, with a program "
+     "it compiled before the run).")
+    each, eval_compile = run.eval_cost()
+    save = run.save_cost() if saving else 0.0
+    # the last save's write is waited for after the loop: as long as the first one's (a save not seen yet: its call)
+    write = run.save_write if saving and run.save_write is not None else save
+    after = write + after_evals * run.forward_seconds()
+    return dict(step=run.step_seconds(), eval=each, eval_compile=eval_compile, save=save,
+                since_save=time.perf_counter() - run.last_save, after=after)
+
+def _due_count(done: int, calls: int, steps_per_call: int, every: int, last: bool = True) -> int:
+    "How many of `calls` calls of `steps_per_call` steps from `done` reach a multiple of `every`, or are the `last`."
+    end = done + calls * steps_per_call
+    crossing = min(calls, end // every - done // every)  # a call crosses one multiple at most where it is ≤ `every`
+    return crossing + (last and not _crossed(end - steps_per_call, end, every))
+
+def _planned_seconds(calls: int, done: int, cfg: TrainConfig, costs: dict, last: bool = True) -> float:
+    ("Seconds `calls` more calls from step `done` take: their steps, the evaluations and saves due, and if they are "
+     "the `last`, what follows them.")
+    evals = _due_count(done, calls, cfg.steps_per_call, cfg.eval_every, last)
+    seconds = calls * cfg.steps_per_call * costs["step"] + evals * costs["eval"] + (evals > 0) * costs["eval_compile"]
+    saves = _due_count(done, calls, cfg.steps_per_call, cfg.save_every, last)
+    if cfg.save_every_minutes > 0:  # and one more each `save_every_minutes` of it
+        saves += int((costs["since_save"] + seconds) // (60 * cfg.save_every_minutes))
+    return seconds + saves * costs["save"] + (costs["after"] if last else 0.0)
+
+def budget_steps(left: float, done: int, cfg: TrainConfig, costs: dict) -> int:
+    ("The most steps from step `done` (whole calls, at least one) that fit `left` seconds with the evaluations and "
+     "saves they fall due at and what follows the last one (`_planned_seconds`), at the `costs` of `run_costs`.")
+    low, high = 1, max(1, int(left / (cfg.steps_per_call * costs["step"])))
+    while low < high:  # the most calls that fit (the time grows with the calls)
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if _planned_seconds(mid, done, cfg, costs) <= left else (low, mid - 1)
+    return low * cfg.steps_per_call
+
+# a time budget's run plans to end at this share of it: the middle of what `--time-budget` promises (95-100 %), so an
+# error of the plan either way, up to 2.5 % of the budget (the machine's speed changing after it), still lands there
+BUDGET_AIM = 0.975
+
+def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None) -> int | None:
+    ("After a call of a run with a time budget: None while the peak holds, else the steps of its decay: as many as "
+     "fit what is left of `BUDGET_AIM` of the budget (`budget_steps`, at the `costs` measured so far: `run_costs`), "
+     "decided at the last log step from which they are still `decay_fraction` of the run's steps or more (a run of "
+     "known length decays over that share), or from which the next would have no time left.")
     if len(run.history) < 2:  # no steady step time yet
         return None
-    now = time.perf_counter() - run.started
-    left = cfg.time_budget - now - max(run.longest_pause, run.compile_seconds) - run.compile_seconds
-    if left > cfg.decay_fraction * cfg.time_budget:
+    costs, K = costs or run_costs(run), cfg.steps_per_call
+    done, left = run.start_step + run.steps, BUDGET_AIM * cfg.time_budget - (time.perf_counter() - run.started)
+    wait = -(-cfg.log_every // K)  # calls to the next log step, where the clock asks again
+    later = budget_steps(left - _planned_seconds(wait, done, cfg, costs, last=False), done + wait * K, cfg, costs)
+    if later > max(cfg.decay_fraction * (done + wait * K + later), K):
         return None
-    calls = int(left * run.wall_tokens_per_sec / run.tokens_per_step) // cfg.steps_per_call  # evaluations included
-    return cfg.steps_per_call * max(1, calls)
+    return budget_steps(left, done, cfg, costs)
 
 def _agreed(steps: int | None) -> int | None:
     "The same decision on every process: the decay starts where it does on any, with the fewest steps any gives."
@@ -756,14 +860,19 @@ def _agreed(steps: int | None) -> int | None:
     decide, fewest = _on_any_process(steps is not None, -(BUDGET_STEPS if steps is None else steps))
     return -fewest if decide else None
 
-def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict, done: int) -> int | None:
+def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict, done: int, costs: Callable[[], dict]) -> int | None:
     ("The steps of the decay, at the log step where a run with a time budget starts it; else None. Only log steps "
      "ask (the step time is measured there), so many processes agree once per log step, not every call.")
     if not cfg.time_budget or schedule["segments"][-1].get("by_clock") or not run.history:  # no budget, or decided
         return None
     if run.history[-1]["step"] != done:
         return None
-    return _agreed(decay_steps_left(run, cfg))
+    plan = costs()
+    steps = _agreed(decay_steps_left(run, cfg, plan))
+    if steps is not None:  # what the clock decided with: the summary of `tiny-lm train` records it
+        run.decay_plan = dict(at=time.perf_counter() - run.started, steps=steps, costs=plan,
+                              seconds=_planned_seconds(steps // cfg.steps_per_call, done, cfg, plan))
+    return steps
 
 def _decay_now(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict, done: int, total_steps: int, run: TrainLog,
                bar) -> dict:
@@ -774,6 +883,48 @@ def _decay_now(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict, done:
     run.decay_start, bar.total = done, total_steps
     bar.refresh()
     return decay_data(schedule)
+
+# %% ../nbs/04_train.ipynb #6e2f9b41
+EVAL_SHARE = 0.1  # with a time budget, evaluations' forward passes (the scoring after the run too): at most this share
+
+def eval_batches_for(run: TrainLog, cfg: TrainConfig, batch_seconds: float, available: int,
+                     after_evals: float = 0.0) -> int:
+    ("How many validation batches (at least one, at most `available`) each evaluation of a run with a time budget "
+     "scores: as many as keep the evaluations still to come within `EVAL_SHARE` of the budget at `batch_seconds` a "
+     "batch: this one, one every `eval_every` of the steps what is left could hold, the last, and `after_evals` more.")
+    left = cfg.time_budget - (time.perf_counter() - run.started)
+    steps = max(left, 0.0) / run.step_seconds()  # at most: compiling, evaluating and saving take some of what is left
+    evals = 2 + steps // cfg.eval_every + after_evals
+    return max(1, min(available, int(EVAL_SHARE * cfg.time_budget / (evals * batch_seconds))))
+
+def _tokens_of(batches: Sequence[np.ndarray]) -> int:
+    "The tokens an evaluation of `batches` of `seq_len + 1` windows predicts."
+    return sum(b.shape[0] * (b.shape[1] - 1) for b in batches)
+
+def _choose_val_batches(run: TrainLog, cfg: TrainConfig, eval_step, state, val_batches: Sequence[np.ndarray],
+                        put: Callable, say: Callable, after_evals: float) -> None:
+    "Time a validation batch (once compiled), keep as many as `eval_batches_for` allows, and say so if not all."
+    evaluate(eval_step, state, val_batches[:1], put)  # compiles the evaluation
+    timed = time.perf_counter()
+    evaluate(eval_step, state, val_batches[:1], put)
+    run.eval_batch_seconds = time.perf_counter() - timed
+    n = eval_batches_for(run, cfg, run.eval_batch_seconds, len(val_batches), after_evals)
+    n = -_on_any_process(-n)[0]  # the fewest any process allows: every process scores the same batches
+    run.val_batches, run.eval_tokens, all_tokens = n, _tokens_of(val_batches[:n]), _tokens_of(val_batches)
+    if n < len(val_batches):
+        say(f"validation: {run.eval_tokens:,} tokens of {all_tokens:,} ({n} of {len(val_batches)} batches), so that "
+            f"the evaluations' forward passes fit {EVAL_SHARE:.0%} of the time budget "
+            f"({EVAL_SHARE * cfg.time_budget:.1f} s of {cfg.time_budget:.0f} s)")
+
+def _validation_loss(run: TrainLog, cfg: TrainConfig, eval_step, state, val_batches: Sequence[np.ndarray],
+                     put: Callable, say: Callable, after_evals: float) -> float:
+    ("Mean validation loss over the batches an evaluation scores: all of them, or in a run with a time budget those "
+     "its first evaluation chose (`_choose_val_batches`).")
+    if run.val_batches is None:
+        run.val_batches = len(val_batches)
+        if cfg.time_budget:
+            _choose_val_batches(run, cfg, eval_step, state, val_batches, put, say, after_evals)
+    return evaluate(eval_step, state, val_batches[:run.val_batches], put)
 
 # %% ../nbs/04_train.ipynb #804c1eec
 def fit(
@@ -793,6 +944,9 @@ def fit(
     on_eval: Callable[[int, Transformer], None] | None = None,  # called as on_eval(step, model) after each evaluation
     # the optimizer's schedule, for the logged rates (default: a new run's); a time budget writes its decay into it
     schedule: dict | None = None,
+    # a time budget's run: the caller's scoring after the last step, in evaluations of the validation batches scored,
+    # by a program of its own (`tiny-lm train`: 2, its windows overlap by half); the budget keeps its time back
+    after_evals: float = 0.0,
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K, schedule = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps)
@@ -804,8 +958,10 @@ def fit(
     eval_step, val_put = make_eval_step(model, optimizer), val_put or put
     rates = schedule_fn(schedule)
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
+    run.eval_tokens, say = _tokens_of(val_batches), bar.write if progress else log
+    costs = lambda: run_costs(run, after_evals, saving=checkpoint is not None)  # what the decay plans by
     loader = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K))
-    done, last_save = start_step, time.monotonic()  # `done`: the steps completed
+    done = start_step  # the steps completed
     with stop_signals() as requested:  # SIGTERM or Ctrl-C: save after this step, then stop
         try:
             while done < total_steps:  # one call: K steps (fewer at the end)
@@ -814,16 +970,19 @@ def fit(
                                                               done - before, K)
                 _log_step(run, cfg, before, done, total_steps, metrics, rates, bar, live, metrics_path)
                 evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested,
-                                                last_save)
-                with _paused(run, metrics) if evaluating or saving else nullcontext():
-                    if evaluating:
-                        _evaluate(run, done, metrics, evaluate(eval_step, state, val_batches, val_put), metrics_path,
-                                  bar.write if progress else log, live, on_eval, model, optimizer, state)
-                    if saving:
-                        last_save = _save(checkpoint, done, model, optimizer, state, data_state, run, cfg.time_budget)
+                                                run.last_save)
+                if evaluating or saving:
+                    jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not the pause's
+                if evaluating:
+                    with _paused(run, run.eval_times):
+                        loss = _validation_loss(run, cfg, eval_step, state, val_batches, val_put, say, after_evals)
+                        _evaluate(run, done, metrics, loss, metrics_path, say, live, on_eval, model, optimizer, state)
+                if saving:
+                    with _paused(run, run.save_times):
+                        _save(checkpoint, done, model, optimizer, state, data_state, run, cfg.time_budget)
                 if stop:
                     raise Interrupted(stop, done, saving)
-                if (n := _decay_due(run, cfg, schedule, done)) is not None:  # the same step, given the decay
+                if (n := _decay_due(run, cfg, schedule, done, costs)) is not None:  # the same step, given the decay
                     total_steps = done + n
                     step = partial(train_step, decay=_decay_now(optimizer, cfg, schedule, done, total_steps, run, bar))
                     rates = schedule_fn(schedule)
