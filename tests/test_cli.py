@@ -891,6 +891,8 @@ def test_the_best_checkpoint_is_the_result_where_validation_rises(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["best_step"] < summary["total_steps"] == 40, summary  # the premise: validation rose after its best
+    assert (summary["result"], summary["result_step"]) == ("best_checkpoint", summary["best_step"]), summary
+    assert f"{out / 'best_checkpoint'} is the result" in r.stdout, r.stdout[-800:]
     best = tiny_lm("eval", "--checkpoint", str(out), "--json")
     assert best.returncode == 0, best.stderr
     assert f"validation loss was lowest at step {summary['best_step']}" in best.stderr and "--last" in best.stderr

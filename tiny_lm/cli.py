@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
@@ -293,6 +294,7 @@ def _fill_unset(args, fitted: Plan) -> None:
 # %% ../nbs/09_cli.ipynb #022656a3
 def run_train(args) -> dict:
     "Train as the flags say; returns the training summary (also written to output_dir/training_summary.json)."
+    started = time.perf_counter()  # a time budget counts from here: the plan is part of the run
     distributed = initialize_distributed(args.coordinator_address, args.num_processes, args.process_id,
                                          args.coordinator_timeout)
     split_cpu(args.cpu_devices, distributed)
@@ -310,7 +312,7 @@ def run_train(args) -> dict:
         new_run = {} if saved or _precision(args) else {"dtype": default_precision()}  # the device's precision
         return model_from_args(args, vocab_size, base=recorded_model(saved, init), **new_run)
     trainer = Trainer(model_config, train_cfg, data_cfg, tokenizer_config=tok_cfg if asked else None,
-                      run=replace(run, resume_from=resume_root), profile=plan)
+                      run=replace(run, resume_from=resume_root, started=started), profile=plan)
     return trainer.fit()
 
 # %% ../nbs/09_cli.ipynb #349aa765

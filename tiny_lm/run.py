@@ -72,6 +72,7 @@ class RunConfig:
     eval_sample_tokens: int | None = None  # a sample this long after each evaluation (None: 32 in a notebook, else 0)
     progress: bool = True  # show the progress bar
     compile_cache: str | Path | None = "auto"  # compiled programs kept here for the next start (04_train; None: off)
+    started: float | None = None  # perf_counter when the command began: a time budget counts from it (None: fit)
 
     def __post_init__(self):
         for flag, n in [("--sample-tokens", self.sample_tokens), ("--eval-sample-tokens", self.eval_sample_tokens)]:
@@ -371,7 +372,7 @@ def duration(seconds: float) -> str:
 @dataclass
 class RunState:
     "What the stages of `Trainer.fit` hand on to each other, filled in as the run goes."
-    started: float  # perf_counter at the start of fit
+    started: float  # perf_counter at the start of the command (`RunConfig.started`) or of fit
     saved: dict  # the configuration the resumed run recorded (empty for a new run)
     resume_from: Path | None  # the folder it is resumed from
     run_id: str  # kept by every resume: a copy in a bucket is recognised as this run's own
@@ -447,7 +448,7 @@ class Trainer:
 # %% ../nbs/08a_run.ipynb #c5e1800b
 def _open_run(t: Trainer) -> RunState:
     "Read what the run continues or starts from, check its copies and its data: nothing is written before this passes."
-    started = time.perf_counter()
+    started = t.run.started or time.perf_counter()  # the command's planning counts against a time budget too
     use_compile_cache(t.run.compile_cache)  # before anything compiles
     saved, resume_from = saved_run(t.run.resume_from, t.run.cloud, t.say)
     t.model_config, t.train_config, t.data_config = continued_configs(saved, *t.given, resume_from)
@@ -739,6 +740,9 @@ def _summarize(t: Trainer, s: RunState, run) -> dict:
 def _publish_run(t: Trainer, s: RunState, summary: dict) -> None:
     "best_checkpoint/ and final_checkpoint/ (the seed layout), their copies, and training_summary.json."
     best = best_step(s.ckpt)  # every process: reading a step through Orbax is a collective on many hosts
+    # validation rose after its lowest point: that step is the run's result (`tiny-lm generate`, eval, export read it)
+    summary["result"] = "best_checkpoint" if best is not None and best < s.total_steps else "final_checkpoint"
+    summary["result_step"] = best if summary["result"] == "best_checkpoint" else s.total_steps
     if is_main_process():
         out = t.output_dir
         summary["final_checkpoint"] = str(publish(out, "final_checkpoint", s.total_steps))
@@ -765,6 +769,10 @@ def _report(t: Trainer, s: RunState, summary: dict) -> None:
     t.say(f"token budget: about {budget:,} tokens (20 per parameter) would train this model compute-optimally, "
           f"{duration(budget / rate) if rate else 'unknown time'} at {rate:,.0f} tokens/s; "
           f"this run trained on {summary['total_tokens']:,}")
+    if summary["result"] == "best_checkpoint":
+        t.say(f"result: validation was lowest at step {summary['result_step']} and rose after it, so "
+              f"{t.output_dir / 'best_checkpoint'} is the result: tiny-lm generate, eval and export read it "
+              "(--last reads the final step)")
     if t.run.sample_prompt is not None and t.run.sample_tokens:
         sample = generate(s.model, s.tokenizer, t.run.sample_prompt, max_new_tokens=t.run.sample_tokens,
                           temperature=0.8, top_k=50)
