@@ -24,13 +24,14 @@ from .train import TrainConfig
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'PLAN_TOKENS_PER_PARAM',
            'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'FREE_EPOCHS', 'USEFUL_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU',
-           'BYTES_PER_TOKEN_GUESS', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER', 'BASE_LEARNING_RATE',
-           'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'MUON_MAX_OVERHEAD',
-           'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory', 'device_memory',
-           'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess',
-           'Length', 'context_for', 'model_ladder', 'preset_named', 'tokens_trained', 'effective_tokens', 'size_model',
-           'dropout_for', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing',
-           'muon_overhead', 'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
+           'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP',
+           'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
+           'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory',
+           'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset',
+           'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder', 'preset_named', 'tokens_trained',
+           'effective_tokens', 'size_model', 'dropout_for', 'choose_batch', 'choose_learning_rate',
+           'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead', 'choose_optimizer', 'Plan',
+           'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
 PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
 # the same, measured for minutes of a 2-core CPU (13_size_sweep, the built-in corpus): at 2 minutes nano (3.4 tokens
 # per parameter) beat tiny (0.4), at 10 minutes tiny (3.5) beat nano (14.0)
-CPU_TOKENS_PER_PARAM = 5
+CPU_TOKENS_PER_PARAM = 3
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
 DATA_TOKENS_PER_PARAM = 1.5
@@ -167,6 +168,8 @@ class Length:
         "Tokens of training text, estimated from its bytes (None: not known)."
         return None if self.corpus_bytes is None else self.corpus_bytes / self.bytes_per_token
 
+MIN_ASPECT, MAX_ASPECT = 16, 128  # d_model / n_layer of a candidate: the presets span 16 (nano) to 64
+
 def context_for(d_model: int) -> int:
     "The context a planned model of width `d_model` trains at: the presets' rule, a power of two from 128 to 1,024."
     return min(1024, max(128, 1 << (d_model - 1).bit_length()))
@@ -184,7 +187,8 @@ def model_ladder(vocab_size: int, seq_len: int | None = None) -> tuple[ModelConf
                 cfg = target_config(target, vocab_size, prefer_depth=target < 10_000_000)
             except TinyLMError:
                 continue
-            ladder.append(replace(cfg, seq_len=context_for(cfg.d_model)))
+            if MIN_ASPECT <= cfg.d_model / cfg.n_layer <= MAX_ASPECT:  # no deep stacks of width 64, no lone blocks
+                ladder.append(replace(cfg, seq_len=context_for(cfg.d_model)))
     ladder = [replace(c, seq_len=seq_len) if seq_len else c for c in ladder]
     return tuple(sorted(ladder, key=param_count))
 
@@ -232,7 +236,8 @@ def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float
                          "the data" if worth[id(cfg)] < DATA_TOKENS_PER_PARAM else None)
     good = [cfg for cfg in fitting if limit(cfg) is None]
     pick = good[-1] if good else fitting[0]
-    measured = " on accelerators; 5 measured best for minutes of a CPU" if per_param != PLAN_TOKENS_PER_PARAM else ""
+    cpu = per_param != PLAN_TOKENS_PER_PARAM
+    measured = f" on accelerators; {per_param:g} measured for minutes of a CPU" if cpu else ""
     why = [f"size: the largest model that trains on at least {per_param:g} tokens per parameter "
            f"(Hoffmann et al. 2022: about 20 is compute-optimal{measured}) of text worth at least "
            f"{DATA_TOKENS_PER_PARAM:g} distinct tokens per parameter, a repeat worth less each time (Muennighoff et "
@@ -250,10 +255,10 @@ def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float
     return pick, why
 
 def dropout_for(epochs: float | None) -> float:
-    "Dropout for a run passing `epochs` times over its text: none up to FREE_EPOCHS, 0.1 to USEFUL_EPOCHS, 0.2 past."
-    if epochs is None or epochs <= FREE_EPOCHS:
+    "Dropout for a run passing `epochs` times over its text: none to USEFUL_EPOCHS, 0.1 to 64, 0.2 past (nanoGPT's 80)."
+    if epochs is None or epochs <= USEFUL_EPOCHS:
         return 0.0
-    return 0.1 if epochs <= USEFUL_EPOCHS else 0.2
+    return 0.1 if epochs <= 4 * USEFUL_EPOCHS else 0.2
 
 # %% ../nbs/04a_profiles.ipynb #3411f66d
 TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an accelerator
@@ -408,7 +413,9 @@ def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected:
                 optimizer=choose_optimizer(cfg, micro * accum * cfg.seq_len))
 
 # %% ../nbs/04a_profiles.ipynb #60dfcea1
-STEP_OVERHEAD = {"cpu": 0.0, "gpu": 1.3e-3, "tpu": 1.3e-3}  # s a step costs beyond its FLOPs (H200, tiny preset)
+# seconds a step costs beyond its FLOPs at the MFU: an H200 launching the tiny preset's step (1.3 ms); a 2-core CPU
+# running a 0.35 M model's (870 steps in 95 s of training where its FLOPs take 0.07 s each: 0.04)
+STEP_OVERHEAD = {"cpu": 0.04, "gpu": 1.3e-3, "tpu": 1.3e-3}
 
 def plan_speed(hw: Hardware | None, num_devices: int = 1) -> tuple[float, float]:
     ("What a plan expects of `num_devices` of `hw` (None: this CPU): FLOP/s (their peak at the MFU tiny_lm reaches "
@@ -495,9 +502,8 @@ def _run_reason(plan: Plan) -> list[str]:
     lines = [f"the run: about {_million(plan.tokens)} tokens, {plan.steps:,} steps of {step:,.0f} tokens, "
              f"{plan.tokens / plan.params:.1f} tokens per parameter{passes}"]
     if plan.dropout_rate:
-        fade = " (past 16 repeats more returns almost nothing)" if plan.epochs > USEFUL_EPOCHS else ""
-        lines.append(f"dropout {plan.dropout_rate:g}: the data repeats more than {FREE_EPOCHS} times{fade}; the best "
-                     "checkpoint by validation is kept")
+        lines.append(f"dropout {plan.dropout_rate:g}: the data repeats more than {USEFUL_EPOCHS} times, past which "
+                     "more repeats return almost nothing; the best checkpoint by validation is the result")
     return lines
 
 def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelConfig, sized: bool,

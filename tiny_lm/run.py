@@ -44,8 +44,8 @@ from .show import in_notebook
 from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config, size_report
 from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
-from .train import (BUDGET_STEPS, TrainConfig, continue_schedule, fit, init_model, legacy_schedule,
-                           new_schedule, set_schedule, use_compile_cache)
+from .schedule import continue_schedule, legacy_schedule, new_schedule
+from .train import BUDGET_STEPS, TrainConfig, fit, init_model, set_schedule, use_compile_cache
 
 # %% auto #0
 __all__ = ['SAMPLE_TOKENS', 'SCORING_EVALS', 'RunConfig', 'resolve_resume', 'saved_run', 'check_continued_model',
