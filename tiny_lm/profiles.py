@@ -130,9 +130,10 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
 
 # %% ../nbs/04a_profiles.ipynb #d6ab3908
 PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
-# the same, measured for minutes of a 2-core CPU (13_size_sweep, the built-in corpus): at 2 minutes nano (3.4 tokens
-# per parameter) beat tiny (0.4), at 10 minutes tiny (3.5) beat nano (14.0)
-CPU_TOKENS_PER_PARAM = 3
+# the same, measured for minutes of a 2-core CPU (13_size_sweep): on the built-in corpus nano (3.4 tokens per parameter)
+# beat tiny (0.4) at 2 minutes and tiny (3.5) beat nano (14.0) at 10; on Tiny Shakespeare tiny (1.9, 2.1) beat nano
+# (12.6, 14.9) by 1 % in 108 and 131 s (16_recipe)
+CPU_TOKENS_PER_PARAM = 2
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
 DATA_TOKENS_PER_PARAM = 1.5
@@ -414,8 +415,8 @@ def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected:
 
 # %% ../nbs/04a_profiles.ipynb #60dfcea1
 # seconds a step costs beyond its FLOPs at the MFU: an H200 launching the tiny preset's step (1.3 ms); a 2-core CPU
-# running a 0.35 M model's (870 steps in 95 s of training where its FLOPs take 0.07 s each: 0.04)
-STEP_OVERHEAD = {"cpu": 0.04, "gpu": 1.3e-3, "tpu": 1.3e-3}
+# running 16 × 128 tokens of nano (0.027 s), of a 0.35 M model (0.04), of tiny (about 0): the middle of those
+STEP_OVERHEAD = {"cpu": 0.02, "gpu": 1.3e-3, "tpu": 1.3e-3}
 
 def plan_speed(hw: Hardware | None, num_devices: int = 1) -> tuple[float, float]:
     ("What a plan expects of `num_devices` of `hw` (None: this CPU): FLOP/s (their peak at the MFU tiny_lm reaches "
