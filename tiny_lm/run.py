@@ -664,8 +664,8 @@ def _scoring_tokens(s: RunState, run) -> int:
     ("The validation tokens the final scoring reads: those an evaluation scored (fewer than all where a time budget's "
      "share said so); with a budget, no more than what is left of it holds (at least one batch of windows), by "
      "process 0's clock for every process.")
-    if not s.budget:
-        return run.eval_tokens
+    if not s.budget:  # twice what the validation batches hold: all of a short validation text, its separators too
+        return 2 * sum(len(b) for b in s.data.val_batches) * s.model_cfg.seq_len
     def fitting() -> int:
         left = s.budget - (time.perf_counter() - s.started)
         per_token = SCORING_EVALS * run.forward_seconds() / run.eval_tokens
