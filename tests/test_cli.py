@@ -326,8 +326,8 @@ def test_foreign_tokenizer_without_our_end_of_text(tmp_path):
             "t.train_from_iterator([open(sys.argv[1]).read()], tr); t.save(sys.argv[2])")
     path = tmp_path / "foreign.json"
     subprocess.run([sys.executable, "-c", code, str(DATA / "tiny_shakespeare.txt"), str(path)], check=True, timeout=60)
-    r = tiny_lm("train", *SMALL, "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body", "--val-split", "0.1",
-                "--tokenizer-path", str(path), "--max-steps", "4", "--output-dir", str(tmp_path / "o"))  # SMALL's 4-step programs
+    r = tiny_lm("train", *without(SMALL, "--vocab-size"), "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body",
+                "--val-split", "0.1", "--tokenizer-path", str(path), "--max-steps", "4", "--output-dir", str(tmp_path / "o"))  # SMALL's 4-step programs
     assert r.returncode == 0, r.stderr
     assert "</s>" in r.stdout
 
@@ -536,7 +536,7 @@ def test_bench_train_prints_one_json_object(tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "at least 1" in bad.stderr
     (tmp_path / "file").write_text("x")
     bad = tiny_lm("bench", "train", "--trace", str(tmp_path / "file"))
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "give a folder" in bad.stderr
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "is a file, not a folder" in bad.stderr
 
 
 def test_metrics_and_loss_plot(trained):

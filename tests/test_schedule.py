@@ -123,6 +123,7 @@ def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
                "1", "--warmup-steps", "2", "--decay-fraction", "0.5", "--time-budget", "20s"]
     r = tiny_lm("train", *command, "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
+    assert "| steps set by its time budget" in r.stdout and str(10**9) not in r.stdout  # the model line says so
     summary = json.loads((out / "training_summary.json").read_text())
     lr, last = rates(out), summary["total_steps"]
     assert summary["time_budget"] == 20 and 0 < summary["decay_start"] < last == max(lr)

@@ -78,10 +78,10 @@ def bench_data(dataset_id: str = BUILTIN_CORPUS, dataset_config: str | None = No
                tokens: int = 4_000_000,  # training tokens each pipeline is timed over
                ) -> dict:
     "The data pipeline's rates in tokens/s: the tokenizer's own encoding, streaming batches and cached batches."
+    given = load_tokenizer(tokenizer_path) if tokenizer_path else None  # a wrong file fails before any data is read
     source = open_source(DataConfig(dataset_id, dataset_config, text_column, num_workers=num_workers, streaming=True))
     docs = list(islice(source.documents("train"), 20_000))
-    tokenizer = (load_tokenizer(tokenizer_path) if tokenizer_path else
-                 train_tokenizer(docs, TokenizerConfig(vocab_size=vocab_size)))
+    tokenizer = given or train_tokenizer(docs, TokenizerConfig(vocab_size=vocab_size))
     text = _bench_text(docs, tokens)
     def encode_rate() -> float:
         started = time.perf_counter()

@@ -55,6 +55,7 @@ def planned_seconds(calls: int, done: int, cfg: TrainConfig, costs: dict, last: 
         saves += int((costs["since_save"] + seconds) // (60 * cfg.save_every_minutes))
     return seconds + saves * costs["save"] + (costs["after"] if last else 0.0)
 
+# %% ../nbs/04c_budget.ipynb #0d6e3141
 def budget_steps(left: float, done: int, cfg: TrainConfig, costs: dict) -> int:
     ("The most steps from step `done` (whole calls, at least one) that fit `left` seconds with the evaluations and "
      "saves they fall due at and what follows the last one (`planned_seconds`), at the `costs` of `run_costs`.")
@@ -82,7 +83,6 @@ def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None)
     if later > max(cfg.decay_fraction * (done + wait * K + later), K):
         return None
     return budget_steps(left, done, cfg, costs)
-
 
 # %% ../nbs/04c_budget.ipynb #6e2f9b41
 EVAL_SHARE = 0.1  # with a time budget, evaluations' forward passes (the scoring after the run too): at most this share

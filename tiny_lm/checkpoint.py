@@ -25,16 +25,18 @@ from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 from tokenizers import Tokenizer
 
-from .errors import TinyLMError
+from . import __version__
+from .errors import TinyLMError, path_to_read
 from .model import ModelConfig, Transformer
 from .tokenizer import load_tokenizer, tokenizer_fingerprint
 
 # %% auto #0
-__all__ = ['STEP_PREFIX', 'RESUMABLE_FIELDS', 'ARCHITECTURE_FIX', 'step_of', 'saved_state', 'Checkpointer', 'DataStateHandler',
-           'DataStateSave', 'DataStateRestore', 'restore', 'set_aside', 'check_architecture', 'check_fits',
-           'stack_layers', 'unstack_layers', 'best_step', 'link_or_copy', 'publish', 'run_meta', 'restore_weights',
-           'base_fingerprint', 'base_reference', 'find_base', 'LoadedRun', 'load_run', 'load_checkpoint',
-           'committed_steps', 'clear_old_checkpoints', 'checkpoint_folders']
+__all__ = ['STEP_PREFIX', 'CHECKPOINT_FORMAT', 'WRITTEN_BY', 'RESUMABLE_FIELDS', 'ARCHITECTURE_FIX', 'step_of', 'saved_state',
+           'check_format', 'Checkpointer', 'DataStateHandler', 'DataStateSave', 'DataStateRestore', 'restore',
+           'set_aside', 'check_architecture', 'check_fits', 'stack_layers', 'unstack_layers', 'best_step',
+           'link_or_copy', 'publish', 'locate_run', 'run_meta', 'restore_weights', 'base_fingerprint', 'base_reference',
+           'find_base', 'LoadedRun', 'load_run', 'load_checkpoint', 'committed_steps', 'clear_old_checkpoints',
+           'checkpoint_folders']
 
 # %% ../nbs/06_checkpoint.ipynb #a604b6c8
 STEP_PREFIX = "checkpoint_step"  # step folders are checkpoint_step_N
@@ -63,6 +65,20 @@ def _manager_options(keep: int, read_only: bool) -> ocp.CheckpointManagerOptions
         lightweight_initialize=read_only, best_fn=None if read_only else lambda m: m["val_loss"], best_mode="min")
 
 # %% ../nbs/06_checkpoint.ipynb #f856f84e
+CHECKPOINT_FORMAT = 1  # what a step folder holds and how; a step written before the field was recorded is format 1
+WRITTEN_BY = {"format": CHECKPOINT_FORMAT, "tiny_lm": __version__}  # in every step's meta record
+
+def check_format(meta: dict, where) -> dict:
+    "`meta`, a step's record, if this tiny_lm reads the checkpoint format it was written in; else why not, in a line."
+    written = meta.get("format", 1)
+    if written == CHECKPOINT_FORMAT:
+        return meta
+    fix = ("upgrade tiny_lm (pip install -U tiny_lm)" if written > CHECKPOINT_FORMAT else
+           f"read it with the tiny_lm that wrote it (pip install tiny_lm=={meta.get('tiny_lm', 'VERSION')})")
+    raise TinyLMError(f"{where} was written by tiny_lm {meta.get('tiny_lm', '(unknown)')} in checkpoint format "
+                      f"{written}, and this tiny_lm {__version__} reads format {CHECKPOINT_FORMAT}: {fix}")
+
+# %% ../nbs/06_checkpoint.ipynb #2821c8df
 class Checkpointer:
     "Orbax checkpoints of a run in `directory`/checkpoint_step_N; callable as `fit`'s `checkpoint`."
     def __init__(self, directory: str | Path, meta: dict | None = None, keep: int = 2, read_only: bool = False):
@@ -83,7 +99,7 @@ class Checkpointer:
          "returns once the arrays are copied off the devices.")
         metrics = {k: v for k, v in (metrics or {}).items() if v is not None}
         items = dict(model=ocp.args.StandardSave(saved_state(model)),
-                     meta=ocp.args.JsonSave({**self.meta, "step": step, "metrics": metrics}))
+                     meta=ocp.args.JsonSave({**self.meta, **WRITTEN_BY, "step": step, "metrics": metrics}))
         if optimizer is not None:  # None: weights only (a merged model for generation and export)
             items["optimizer"] = ocp.args.StandardSave(nnx.state(optimizer))
         if data is not None:
@@ -210,6 +226,7 @@ def _first_readable(ckpt: Checkpointer, step: int | None, read: Callable[[Checkp
     raise TinyLMError(f"no readable checkpoint in {root} ({', '.join(f'step {d}: {why}' for d, why in damaged)}): "
                       "delete the damaged checkpoint_step_* folders, restore the run from a copy, or start a new run")
 
+# %% ../nbs/06_checkpoint.ipynb #d21c336e
 def restore(ckpt: Checkpointer, model: nnx.Module, optimizer: nnx.Optimizer | None = None,
             step: int | None = None) -> dict:
     ("Restore the newest readable step (or `step`) into `model` (and `optimizer`); "
@@ -268,7 +285,8 @@ def _shape_changes(step_dir: Path, targets: dict) -> list[str]:
     return changes
 
 def _read_meta(ckpt: Checkpointer, step: int) -> dict:
-    return ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    meta = ckpt.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    return check_format(meta, ckpt.directory / f"{STEP_PREFIX}_{step}")
 
 def check_fits(ckpt: Checkpointer, step: int, targets: dict, cfg: ModelConfig | None = None) -> None:
     ("After a failed read of `step`: an error naming the difference when it holds another architecture or other "
@@ -381,12 +399,13 @@ def publish(run_dir: str | Path, name: str, step: int) -> Path:
     return target
 
 # %% ../nbs/06_checkpoint.ipynb #82e1ea38
-def _locate(path: Path) -> tuple[Path, int | None]:
-    "The run folder and step that `path` names: a run folder (None: its newest step) or a checkpoint_step_N folder."
+def locate_run(path: str | Path) -> tuple[Path, int | None]:
+    ("The run folder and step that `path` names: a run folder (None: its newest step) or a checkpoint_step_N folder; "
+     "checked without reading it (no Orbax, no JAX devices).")
+    path = Path(path).expanduser()
     if step_of(path.name) is not None and path.is_dir():
         return path.parent, step_of(path.name)
-    if not path.is_dir():
-        raise TinyLMError(f"checkpoint folder {path} does not exist: pass the --output-dir of a training run")
+    path_to_read(path, "checkpoint folder", "folder", "pass the --output-dir of a training run")
     if not any(path.glob(f"{STEP_PREFIX}_*")):  # before Orbax, which would log warnings about a folder that is no run
         raise TinyLMError(f"no checkpoint in {path}: train first with tiny-lm train --output-dir {path}")
     return path, None
@@ -394,7 +413,7 @@ def _locate(path: Path) -> tuple[Path, int | None]:
 def _newest_readable(path: str | Path, read: Callable[[Checkpointer, int], object]) -> tuple[Path, int, object, list]:
     ("`(run folder, step, read(ckpt, step), damaged steps)`: the step `path` names, "
      "else the newest step `read` succeeds on.")
-    root, step = _locate(Path(path).expanduser())
+    root, step = locate_run(path)
     ckpt = Checkpointer(root, read_only=True)
     try:
         return (root, *_first_readable(ckpt, step, read))

@@ -18,11 +18,11 @@ from pathlib import Path
 import jax
 
 from .bench import bench_data, bench_generate, bench_train, describe_bench
-from .checkpoint import committed_steps, load_checkpoint, run_meta
+from .checkpoint import committed_steps, load_checkpoint, locate_run, run_meta
 from .copies import cloud_destination, redact
 from .cpu import lean_host_memory
 from .data import DataConfig, TextSource, open_source, source_kind
-from .errors import TinyLMError
+from .errors import TinyLMError, folder_to_write, path_to_read
 from .export import export_hf
 from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
                            TRAIN_FLAGS, build_parser, check_ranges, given_flags)
@@ -31,7 +31,7 @@ from .model import PRECISIONS, ModelConfig, attention_implementation, default_pr
 from .parallel import initialize_distributed, parse_mesh
 from .profiles import (Length, Plan, bytes_per_token_guess, device_memory, match_hardware, plan_run,
                               steps_per_call_dividing)
-from .run import (RunConfig, Trainer, check_continued_model, check_continued_optimizer,
+from .run import (RunConfig, Trainer, check_continued_model, check_run_folder, check_continued_optimizer,
                          describe_inspection, duration, inspect_run, mesh_devices, recorded_model, resolve_resume,
                          saved_run, split_cpu)
 from .score import evaluate_text
@@ -40,9 +40,10 @@ from .tokenizer import TokenizerConfig, bytes_per_token, load_tokenizer
 from .train import Interrupted, TrainConfig
 
 # %% auto #0
-__all__ = ['COMMANDS', 'model_from_args', 'configs_from_args', 'run_config_from_args', 'planned_length', 'apply_profile',
-           'run_train', 'plan_report', 'run_plan', 'result_checkpoint', 'run_generate', 'run_eval', 'run_export',
-           'run_inspect', 'run_size', 'run_bench', 'main']
+__all__ = ['TOKENIZER_TRAINING', 'COMMANDS', 'model_from_args', 'configs_from_args', 'check_tokenizer_flags',
+           'run_config_from_args', 'planned_length', 'apply_profile', 'run_train', 'plan_report', 'run_plan',
+           'result_checkpoint', 'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size', 'run_bench',
+           'main']
 
 # %% ../nbs/09_cli.ipynb #8ac95d4f
 def _precision(args) -> str | None:
@@ -109,6 +110,7 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
     data = DataConfig(**{**saved.get("data", {}), **_given(args, [*DATA_FLAGS, "streaming"])})
     if args.auto_vocab_size and args.vocab_size is not None:
         raise TinyLMError("give --vocab-size or --auto-vocab-size, not both")
+    check_tokenizer_flags(args)
     tok = TokenizerConfig(auto_vocab_size=args.auto_vocab_size,
                           **{k.replace("tokenizer_", ""): v for k, v in _given(args, TOKENIZER_FLAGS).items()})
     train = _given(args, TRAIN_FLAGS)
@@ -149,6 +151,17 @@ def _check_lora_flags(args, saved: dict) -> None:
         raise TinyLMError("--init-from starts a new run from another run's weights and --resume-from continues a run: "
                           "give only one of them")
 
+TOKENIZER_TRAINING = ["vocab_size", "auto_vocab_size", "min_vocab_size", "max_vocab_size", "tokenizer_train_examples",
+                      "retrain_tokenizer"]  # what trains a tokenizer: moot where one is given
+
+def check_tokenizer_flags(args) -> None:
+    "A given tokenizer file (--tokenizer-path) decides the vocabulary: the flags that would train one are refused."
+    moot = given_flags(args, [k for k in TOKENIZER_TRAINING if hasattr(args, k)])
+    if getattr(args, "tokenizer_path", None) and moot:
+        them = "them" if len(moot) > 1 else "it"
+        raise TinyLMError(f"--tokenizer-path {args.tokenizer_path} gives the tokenizer, so {', '.join(moot)} would "
+                          f"do nothing: leave {them} out, or leave out --tokenizer-path to train a tokenizer")
+
 # %% ../nbs/09_cli.ipynb #0d73f0d9
 _FIXED_BY_BASE = ["model_preset", "target_params", "prefer_depth", *SHAPE_FLAGS, "seq_len", "activation", "no_rmsnorm",
                   "swiglu", "no_rope", "vocab_size", "min_vocab_size", "max_vocab_size", "auto_vocab_size",
@@ -158,14 +171,11 @@ def _init_from(args) -> tuple[Path, int, dict] | None:
     "The run `--init-from` names, as `(run folder, step, meta)`, once the flags that go with it are checked."
     if args.init_from is None:
         return None
-    path = Path(args.init_from)
-    if not path.is_dir():
-        raise TinyLMError(f"--init-from {path} does not exist: pass the --output-dir of a trained run")
-    try:
-        root, step, meta = run_meta(path)
-    except TinyLMError:
+    path = path_to_read(args.init_from, "--init-from", "folder", "pass the --output-dir of a trained run")
+    if not committed_steps(path):
         raise TinyLMError(f"--init-from {path} is not a training run (it holds no checkpoint): pass the --output-dir "
-                          "of a trained run") from None
+                          "of a trained run")
+    root, step, meta = run_meta(path)
     fixed = given_flags(args, _FIXED_BY_BASE)
     if fixed:
         raise TinyLMError(f"--init-from reuses the architecture and tokenizer of {root}: leave out {', '.join(fixed)}")
@@ -217,7 +227,7 @@ def _planned_vocab(args, init) -> int:
     "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
     if init is not None:
         return init[2]["config"]["model"]["vocab_size"]
-    if args.tokenizer_path and Path(args.tokenizer_path).is_file():
+    if args.tokenizer_path:  # a wrong file fails here, in one line
         return load_tokenizer(args.tokenizer_path).get_vocab_size()
     if args.auto_vocab_size:
         return args.max_vocab_size or TokenizerConfig().max_vocab_size  # the largest it may choose
@@ -228,7 +238,7 @@ def planned_length(args, vocab_size: int) -> Length:
      "opened here), in tokens of a given tokenizer (measured on its first documents) or of one of `vocab_size`.")
     data = DataConfig(**_given(args, [*DATA_FLAGS, "streaming"]))
     source = None if source_kind(data.dataset_id) == "hub" else open_source(data)
-    measured = source is not None and bool(args.tokenizer_path) and Path(args.tokenizer_path).is_file()
+    measured = source is not None and bool(args.tokenizer_path)
     per_token = (bytes_per_token(load_tokenizer(args.tokenizer_path), islice(source.documents("train"), 200))
                  if measured else bytes_per_token_guess(vocab_size))
     return Length(args.time_budget, args.max_steps, args.epochs, source and source.size_bytes, per_token, measured,
@@ -333,7 +343,8 @@ def run_plan(args) -> dict:
     if args.profile == "none":
         raise TinyLMError("--profile none plans nothing (every unset flag keeps its default): leave it out, or name a "
                           "profile")
-    run_config_from_args(args)  # the output, copy and compile-cache flags checked as train checks them
+    run_config_from_args(args)  # the copy and compile-cache flags checked as train checks them
+    check_run_folder(args.output_dir)  # and the folder it would write
     configs_from_args(args, {})
     init = _init_from(args)
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():  # notes: not the JSON
@@ -419,6 +430,7 @@ def run_export(args) -> Path:
     if args.format not in EXPORT_FORMATS:
         raise TinyLMError(f"unknown --format {args.format!r}: choose one of {', '.join(EXPORT_FORMATS)} "
                           f"(hf: {EXPORT_FORMATS['hf']})")
+    folder_to_write(args.out, "--out")  # before the checkpoint is read
     args.checkpoint = result_checkpoint(args.checkpoint, args.last)
     out = export_hf(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} to {out}: load it with transformers.AutoModelForCausalLM.from_pretrained("
@@ -462,18 +474,20 @@ def _describe_size(report: dict, batch_size: int) -> str:
 def run_bench(args) -> dict:
     "Run the benchmark `args.bench` names; print its figures (one JSON object with --json) and return them."
     if args.bench == "data":
+        check_tokenizer_flags(args)
         result = bench_data(args.dataset_id, args.dataset_config, args.text_column, args.tokenizer_path,
-                            args.vocab_size, args.seq_len, args.batch_size, args.num_workers, args.tokens)
+                            args.vocab_size or 4096, args.seq_len, args.batch_size, args.num_workers, args.tokens)
     elif args.bench == "train":
-        if args.trace and Path(args.trace).exists() and not Path(args.trace).is_dir():
-            raise TinyLMError(f"--trace {args.trace} is a file: give a folder for the profiler trace (it is created if "
-                              "missing)")
+        if args.trace is not None:
+            folder_to_write(args.trace, "--trace")  # before anything is compiled
         split_cpu(args.cpu_devices)
         _check_size_flags(args)
         cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
         result = bench_train(cfg, args.batch_size, args.gradient_accumulation_steps, args.steps, args.steps_per_call,
                              args.mesh, trace=args.trace, remat=args.remat, optimizer=args.optimizer)
     else:
+        if args.checkpoint is not None:  # None: random weights
+            locate_run(args.checkpoint)  # before the devices are set up
         split_cpu(args.cpu_devices or 1)
         result = bench_generate(args.checkpoint, args.prompt, args.max_tokens, args.temperature, args.top_k,
                                 args.top_p, args.seed)

@@ -164,6 +164,7 @@ def _plan_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the plan's lines "
                    "(default: the lines)")
 
+# %% ../nbs/08c_flags.ipynb #1c0861b9
 def _output_flags(p) -> None:
     o = p.add_argument_group("output and resuming")
     o.add_argument("--output-dir", default="output",
@@ -378,8 +379,9 @@ def _bench_parser(sub) -> None:
     d.add_argument("--text-column", default="text", help=_HELP["text_column"])
     d.add_argument("--tokenizer-path", default=None,
                    help="a tokenizer.json to use (default: train one of --vocab-size on the first documents)")
-    for flag, default, what in [("vocab-size", 4096, "vocabulary of the tokenizer trained for the bench"),
-                                ("seq-len", 128, "window length"), ("batch-size", 16, "windows per batch"),
+    d.add_argument("--vocab-size", type=int, default=None,  # None: not given, so a --tokenizer-path can refuse it
+                   help="vocabulary of the tokenizer trained for the bench; not with --tokenizer-path (default: 4096)")
+    for flag, default, what in [("seq-len", 128, "window length"), ("batch-size", 16, "windows per batch"),
                                 ("num-workers", 2, "encoder threads of the streaming pipeline"),
                                 ("tokens", 4_000_000, "training tokens to time each pipeline over")]:
         d.add_argument(f"--{flag}", type=int, default=default, help=f"{what} (default: {default})")

@@ -364,6 +364,7 @@ def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
         return Block(cfg, rngs=rngs)
     return create(rngs)
 
+# %% ../nbs/01_model.ipynb #58089278
 class Transformer(nnx.Module):
     "Decoder-only language model: token ids `[B, T]` → next-token logits `[B, T, V]`."
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

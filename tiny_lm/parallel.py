@@ -335,6 +335,7 @@ def on_main_process(make: Callable[[], object]) -> object:
         raise TinyLMError(reply["error"])
     return reply["value"]
 
+# %% ../nbs/05_parallel.ipynb #224bc12d
 def disagreement(values: list[str], what: str, fix: str) -> str | None:
     "The error naming the processes whose `values[i]` differs from process 0's, or None when all agree."
     bad = [i for i, v in enumerate(values) if v != values[0]]
@@ -354,4 +355,3 @@ def check_processes_agree(value: str, what: str, fix: str) -> None:
     error = disagreement(values, what, fix)
     if error:
         raise TinyLMError(error)
-

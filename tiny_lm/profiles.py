@@ -175,6 +175,7 @@ def context_for(d_model: int) -> int:
     "The context a planned model of width `d_model` trains at: the presets' rule, a power of two from 128 to 1,024."
     return min(1024, max(128, 1 << (d_model - 1).bit_length()))
 
+# %% ../nbs/04a_profiles.ipynb #c0b26858
 @functools.lru_cache(maxsize=32)
 def model_ladder(vocab_size: int, seq_len: int | None = None) -> tuple[ModelConfig, ...]:
     "The models a plan chooses from, small to large: every preset, and two solver shapes between each two."
@@ -224,6 +225,7 @@ def effective_tokens(tokens: float, corpus_tokens: float | None) -> float:
 def _million(n: float) -> str:
     return f"{n / 1e6:.1f} M" if n >= 1e5 else f"{n / 1e3:.0f} K"
 
+# %% ../nbs/04a_profiles.ipynb #0d8ca04c
 def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float, float], step_tokens: Callable,
                fits: Callable[[ModelConfig], bool],
                per_param: float = PLAN_TOKENS_PER_PARAM) -> tuple[ModelConfig, list[str]]:
@@ -317,6 +319,7 @@ def choose_optimizer(cfg: ModelConfig, tokens_per_step: int) -> str:
 # --save-every-minutes: a Colab accelerator may disconnect at any time
 SAVE_MINUTES = {"cpu": 10.0, "gpu": 5.0, "tpu": 5.0}
 
+# %% ../nbs/04a_profiles.ipynb #e78f53a9
 @dataclass(frozen=True)
 class Plan:
     "A profile's settings for one run."

@@ -30,7 +30,7 @@ from .checkpoint import (ARCHITECTURE_FIX, STEP_PREFIX, Checkpointer, base_finge
 from .copies import Destination, Mirror, check_destination, destination, fetch_run, is_url, run_id_of
 from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
                           open_source, token_cache_path, unigram_loss)
-from .errors import TinyLMError
+from .errors import TinyLMError, folder_to_write, path_to_read
 from .generate import generate
 from .model import (ModelConfig, attention_implementation, count_params, default_precision, describe_attention,
                            merge_lora)
@@ -48,10 +48,10 @@ from .schedule import continue_schedule, legacy_schedule, new_schedule
 from .train import BUDGET_STEPS, TrainConfig, fit, init_model, set_schedule, use_compile_cache
 
 # %% auto #0
-__all__ = ['SAMPLE_TOKENS', 'SCORING_EVALS', 'RunConfig', 'resolve_resume', 'saved_run', 'check_continued_model',
-           'check_continued_optimizer', 'continued_configs', 'shared_tokens', 'PreparedData', 'prepare_data',
-           'prepare_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big', 'recorded_model',
-           'duration', 'RunState', 'Trainer', 'inspect_run', 'describe_inspection']
+__all__ = ['RUN_FILES', 'SAMPLE_TOKENS', 'SCORING_EVALS', 'RunConfig', 'check_run_folder', 'resolve_resume', 'saved_run',
+           'check_continued_model', 'check_continued_optimizer', 'continued_configs', 'shared_tokens', 'PreparedData',
+           'prepare_data', 'prepare_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big',
+           'recorded_model', 'duration', 'RunState', 'Trainer', 'steps_said', 'inspect_run', 'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #e65ad816
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class RunConfig:
             if n is not None and n < 0:
                 raise TinyLMError(f"{flag} must be 0 or more, got {n}")
         _check_backup_dir(self.backup_dir, self.output_dir)
+        if self.compile_cache not in (None, "auto"):  # a folder the user named: checked now, not when JAX starts
+            folder_to_write(self.compile_cache, "--compile-cache")
 
     @property
     def copies(self) -> list[Destination]:
@@ -90,16 +92,30 @@ def _check_backup_dir(backup: str | Path | None, output_dir: str | Path) -> Path
     "The backup folder as an absolute path, refused where it is, holds, or lies inside the output folder."
     if backup is None:
         return None
-    backup, out = Path(backup).expanduser().absolute(), Path(output_dir).expanduser().absolute()
+    backup, out = folder_to_write(backup, "--backup-dir"), Path(output_dir).expanduser().absolute()
     if backup == out or out in backup.parents or backup in out.parents:
         raise TinyLMError(f"--backup-dir {backup} and --output-dir {out} overlap: "
                           "put the backup in a folder of its own, outside the run's")
     return backup
 
 # %% ../nbs/08a_run.ipynb #7dab8036
+RUN_FILES = {"tokenizer.json", "model_config.json", "metrics.jsonl", "training_summary.json", "loss.png", "cache",
+             "best_checkpoint", "final_checkpoint", "merged"}  # what a run folder holds, besides its step folders
+
+def check_run_folder(output_dir: str | Path) -> Path:
+    ("`output_dir` as a folder a run may write: new, empty, or holding a run (its files, or a tokenizer.json to "
+     "reuse); a file, an unwritable place or a folder of other files is refused before anything is written.")
+    out = folder_to_write(output_dir, "--output-dir")
+    found = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
+    if found and not any(name in RUN_FILES or name.startswith(STEP_PREFIX) for name in found):
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise TinyLMError(f"--output-dir {out} holds files that are not a run ({shown}): pass a new or empty folder, "
+                          "or the folder of an earlier run")
+    return Path(output_dir)
+
 def resolve_resume(run: RunConfig, say=print) -> RunConfig:
     "`run` with the decision made: an output folder that holds a run continues it, unless `overwrite` starts afresh."
-    out = Path(run.output_dir)
+    out = check_run_folder(run.output_dir)
     if run.overwrite and run.resume_from is not None:
         raise TinyLMError("--overwrite starts a new run and --resume-from continues one: give only one of them")
     steps = committed_steps(out)
@@ -119,6 +135,7 @@ def resolve_resume(run: RunConfig, say=print) -> RunConfig:
         "there instead")
     return replace(run, resume_from=str(out))
 
+# %% ../nbs/08a_run.ipynb #24e3c429
 def _local_or_copy(run: RunConfig, steps: list[int], say=print) -> RunConfig:
     "Resuming from a bucket into a folder that holds the same run: the newer of the two."
     out, bucket = Path(run.output_dir), destination(run.resume_from, like=run.cloud)
@@ -136,9 +153,10 @@ def saved_run(resume_from: str | Path | None, cloud: Destination | None = None, 
     "The configuration recorded in the newest readable step of `resume_from` (empty for a new run), and its folder."
     if resume_from is None:
         return {}, None
-    root = fetch_run(destination(resume_from, like=cloud), say=say) if is_url(resume_from) else Path(resume_from)
-    if not root.is_dir():
-        raise TinyLMError(f"--resume-from {root} does not exist: pass the --output-dir of an earlier run")
+    if is_url(resume_from):
+        root = fetch_run(destination(resume_from, like=cloud), say=say)
+    else:
+        root = path_to_read(resume_from, "--resume-from", "folder", "pass the --output-dir of an earlier run")
     if not committed_steps(root):
         raise TinyLMError(f"--resume-from {root} holds no checkpoint: train first, or leave --resume-from out")
     return run_meta(root)[2]["config"], root  # a damaged run says so itself
@@ -457,6 +475,8 @@ def _open_run(t: Trainer) -> RunState:
         for dest in t.run.copies:  # a wrong bucket or an unreachable endpoint fails now, not after an hour of training
             check_destination(dest, run_id)
     init = run_meta(Path(t.run.init_from)) if t.run.init_from is not None else None
+    if t.run.tokenizer_path is not None:
+        load_tokenizer(t.run.tokenizer_path)  # a wrong file fails before anything is written
     source = open_source(t.data_config)  # validates the dataset before anything is written
     t.say(device_banner())
     if t.profile is not None:
@@ -593,6 +613,10 @@ def _architecture_flags(model: dict) -> list[str]:
     flags += ["--untied-head"] if not cfg.tie_embeddings else []
     return flags + ([f"--logit-softcap {cfg.logit_softcap:g}"] if cfg.logit_softcap else [])
 
+def steps_said(total_steps: int | None) -> str:
+    "A run's length in words: its steps, or that its time budget decides them (`BUDGET_STEPS`, not yet decided)."
+    return "steps set by its time budget" if total_steps == BUDGET_STEPS else f"{total_steps} steps"
+
 def _describe_run(t: Trainer, s: RunState) -> None:
     "Three lines before the first step: the model and data, the mesh and effective batch, the compute."
     n, accum, cfg = batch_devices(), s.train_cfg.gradient_accumulation_steps, s.model_cfg
@@ -600,7 +624,7 @@ def _describe_run(t: Trainer, s: RunState) -> None:
     per_epoch = f"{s.data.per_epoch:.0f}" if s.data.per_epoch else "unknown"
     parts = "".join(f", {flag}" for flag in _architecture_flags(cfg.to_dict()))  # beyond the default parts
     t.say(f"model: {count_params(s.model):,} parameters{parts} | data: {s.data.description}, {per_epoch} steps per "
-          f"epoch | unigram baseline {s.data.baseline:.3f} | {s.total_steps} steps")
+          f"epoch | unigram baseline {s.data.baseline:.3f} | {steps_said(s.total_steps)}")
     batch = s.train_cfg.batch_size
     if cpu_split() and n == 1:
         per = f"{batch} on the CPU (shared by {s.mesh.devices.size} of its devices)"
@@ -701,6 +725,7 @@ def _final_score(s: RunState, run) -> dict:
         text = _first_text(text, math.ceil(tokens * s.bpt))
     return _score(s, tokens, text)
 
+# %% ../nbs/08a_run.ipynb #64684dd0
 def _summarize(t: Trainer, s: RunState, run) -> dict:
     "The training summary: the usual run-summary fields, validation and speed figures, and where everything is."
     evals = run.evals or [{"val_loss": None, "step": None}]
@@ -815,7 +840,7 @@ def _describe_training(config: dict) -> list[str]:
     shape = schedule.get("lr_schedule", "cosine")
     shape += f" (decaying over the last {schedule['decay_fraction']:.0%})" if shape == "wsd" else ""
     return [f"training: {train.get('optimizer', 'adamw')}, peak learning rate {train['learning_rate']:.3g}{muon}, "
-            f"{shape} schedule over {schedule.get('total_steps', train.get('max_steps'))} steps"]
+            f"{shape} schedule over {steps_said(schedule.get('total_steps', train.get('max_steps')))}"]
 
 def describe_inspection(report: dict) -> str:
     "`inspect_run`'s report as the lines `tiny-lm inspect` prints."

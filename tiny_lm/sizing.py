@@ -218,6 +218,7 @@ def _cpu_name() -> str:
         names = []
     return f"{names[0] if names else platform.processor() or platform.machine()} × {os.cpu_count()} cores"
 
+# %% ../nbs/02_sizing.ipynb #9ed250cb
 def cpu_peak_flops(cache: Path | None = None) -> float:
     "The best fp32 matmul FLOP/s JAX reaches on this machine's CPU, measured once (under a second) and cached per CPU."
     cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / "cpu_peak_flops.json"

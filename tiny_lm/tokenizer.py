@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .errors import TinyLMError
+from .errors import TinyLMError, path_to_read
 
 # %% auto #0
 __all__ = ['EOT', 'VOCAB_MARGIN', 'END_OF_TEXT_TOKENS', 'TokenizerConfig', 'train_tokenizer', 'bytes_per_token', 'VocabChoice',
@@ -132,9 +132,7 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
 # %% ../nbs/00_tokenizer.ipynb #1de71f0f
 def load_tokenizer(path: str | Path) -> Tokenizer:
     "Load a `tokenizer.json` (ours or any Hugging Face one), with a clear error when it is missing or not a tokenizer."
-    path = Path(path)
-    if not path.is_file():
-        raise TinyLMError(f"tokenizer file {path} does not exist: check --tokenizer-path, or leave it out to train one")
+    path = path_to_read(path, "tokenizer file", "file", "check --tokenizer-path, or leave it out to train one")
     try:
         data = json.loads(path.read_bytes())
     except ValueError as e:  # not JSON, or not text

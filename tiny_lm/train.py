@@ -28,7 +28,7 @@ from .budget import (EVAL_SHARE, FORWARD_COMPILE_SHARE, FORWARD_SHARE, crossed, 
                             eval_batches_for, planned_seconds, run_costs)
 from .cpu import compiler_options, one_all_reduce, release_freed_memory
 from .data import step_batches
-from .errors import TinyLMError
+from .errors import TinyLMError, folder_to_write
 from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
 from .schedule import SCHEDULES, clock_rates, decay_data, decay_from, new_schedule, schedule_fn
 from .show import LivePlot, in_notebook, plot_losses
@@ -366,6 +366,8 @@ def use_compile_cache(directory: str | Path | None = "auto", max_bytes: int = 2 
         return None
     if directory == "auto":
         directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or COMPILE_CACHE
+    else:  # a folder the user named must be one: a file or a read-only mount is said
+        folder_to_write(directory, "--compile-cache")
     path = Path(directory).expanduser().absolute()
     try:
         path.mkdir(parents=True, exist_ok=True)
