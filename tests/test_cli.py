@@ -326,8 +326,9 @@ def test_foreign_tokenizer_without_our_end_of_text(tmp_path):
             "t.train_from_iterator([open(sys.argv[1]).read()], tr); t.save(sys.argv[2])")
     path = tmp_path / "foreign.json"
     subprocess.run([sys.executable, "-c", code, str(DATA / "tiny_shakespeare.txt"), str(path)], check=True, timeout=60)
-    r = tiny_lm("train", *without(SMALL, "--vocab-size"), "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body",
-                "--val-split", "0.1", "--tokenizer-path", str(path), "--max-steps", "4", "--output-dir", str(tmp_path / "o"))  # SMALL's 4-step programs
+    r = tiny_lm("train", *without(SMALL, "--vocab-size"), "--dataset-id", str(DATA / "speeches.jsonl"),  # its tokenizer:
+                "--text-column", "body", "--val-split", "0.1", "--tokenizer-path", str(path),  # 384 tokens, as SMALL's
+                "--max-steps", "4", "--output-dir", str(tmp_path / "o"))  # SMALL's 4-step programs
     assert r.returncode == 0, r.stderr
     assert "</s>" in r.stdout
 

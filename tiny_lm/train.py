@@ -741,6 +741,15 @@ def _validation_loss(run: TrainLog, cfg: TrainConfig, eval_step, state, val_batc
     return evaluate(eval_step, state, val_batches[:run.val_batches], put)
 
 # %% ../nbs/04_train.ipynb #804c1eec
+def _training_steps(model: Transformer, optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict):
+    ("`(train_step, step, eval_step, state)`: the compiled step, what the loop calls (a time budget's run gives it "
+     "the decay as data: `budget_optimizer`), the evaluation's step, and the state they share.")
+    decaying = budget_optimizer(cfg, schedule)
+    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed,
+                                        cfg.steps_per_call, remat=cfg.remat, decaying=decaying)
+    step = train_step if decaying is None else partial(train_step, decay=decay_data(schedule))
+    return train_step, step, make_eval_step(model, optimizer), state
+
 def fit(
     model: Transformer, optimizer: nnx.Optimizer, batches, cfg: TrainConfig, total_steps: int,
     val_batches: Sequence[np.ndarray] = (),  # fixed validation batches (none: no evaluation)
@@ -765,17 +774,12 @@ def fit(
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K, schedule = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps)
     release_freed_memory()  # what making the model freed (compiling its init, say) goes back before the step compiles
-    decaying = budget_optimizer(cfg, schedule)  # a time budget's run: its step takes the decay as data
-    train_step, state = make_train_step(model, optimizer, cfg.gradient_accumulation_steps, cfg.seed, K,
-                                        remat=cfg.remat, decaying=decaying)
-    step = train_step if decaying is None else partial(train_step, decay=decay_data(schedule))
-    eval_step, val_put = make_eval_step(model, optimizer), val_put or put
+    train_step, step, eval_step, state = _training_steps(model, optimizer, cfg, schedule)
     rates = schedule_fn(schedule)
     run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
-    run.eval_tokens, say = _tokens_of(val_batches), bar.write if progress else log
+    run.eval_tokens, say, val_put = _tokens_of(val_batches), bar.write if progress else log, val_put or put
     costs = lambda: run_costs(run, after_evals, saving=checkpoint is not None)  # what the decay plans by
-    loader = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K))
-    done = start_step  # the steps completed
+    loader, done = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K)), start_step
     with stop_signals() as requested:  # SIGTERM or Ctrl-C: save after this step, then stop
         try:
             while done < total_steps:  # one call: K steps (fewer at the end)
