@@ -60,5 +60,5 @@ def encode_chunks(
         while pending:
             future, p = pending.popleft()
             yield future.result(), p
-    finally:  # also when the consumer stops early: the chunks still queued are no longer wanted
-        pool.shutdown(wait=False, cancel_futures=True)
+    finally:  # also when the consumer stops early: the chunks still queued are no longer wanted, and the ones being
+        pool.shutdown(wait=True, cancel_futures=True)  # encoded end before this does: no thread works on after a stream
