@@ -73,7 +73,7 @@ def _streaming_rate(source, tokenizer: Tokenizer, seq_len: int, batch_size: int,
         stream.close()
 
 # %% ../nbs/08b_bench.ipynb #15b5bb05
-PAIRS = 3  # encode and streaming rates timed in turn this many times; each figure is the median
+PAIRS = 3  # streams timed, each between two encodings; each figure is the median
 
 def bench_data(dataset_id: str = BUILTIN_CORPUS, dataset_config: str | None = None, text_column: str = "text",
                tokenizer_path: str | Path | None = None,  # None: train one of `vocab_size` on the first documents
@@ -90,14 +90,17 @@ def bench_data(dataset_id: str = BUILTIN_CORPUS, dataset_config: str | None = No
         started = time.perf_counter()
         return sum(len(e.ids) for e in tokenizer.encode_batch_fast(text)) / (time.perf_counter() - started)
     cached = _cached_rate(text, tokenizer, source.separator, seq_len, batch_size, tokens)
-    pairs = [(encode_rate(), *_streaming_rate(source, tokenizer, seq_len, batch_size, num_workers, tokens))
-             for _ in range(PAIRS)]  # encode, then stream, in turn: each pair shares the machine's state of the moment
-    encode, streaming = (statistics.median(p[k] for p in pairs) for k in range(2))
-    first = pairs[0][2]  # the first stream's start-up: as cold as a run's
+    encodes, streams = [encode_rate()], []
+    for _ in range(PAIRS):  # each stream timed between two encodings: a machine that speeds up or slows down cancels
+        streams.append(_streaming_rate(source, tokenizer, seq_len, batch_size, num_workers, tokens))
+        encodes.append(encode_rate())
+    ratios = [s / ((before + after) / 2) for (s, _), before, after in zip(streams, encodes, encodes[1:])]
+    encode, streaming = statistics.median(encodes), statistics.median(s for s, _ in streams)
+    first = streams[0][1]  # the first stream's start-up: as cold as a run's
     return {"dataset_id": dataset_id, "vocab_size": tokenizer.get_vocab_size(), "seq_len": seq_len,
             "batch_size": batch_size, "num_workers": num_workers, "cpu_count": os.cpu_count(),
             "encode_tokens_per_sec": encode, "streaming_tokens_per_sec": streaming,
-            "streaming_vs_encode": statistics.median(s / e for e, s, _ in pairs), "streaming_first_batch_s": first,
+            "streaming_vs_encode": statistics.median(ratios), "streaming_first_batch_s": first,
             "cached_tokens_per_sec": cached}
 
 # %% ../nbs/08b_bench.ipynb #6aa13600
