@@ -439,8 +439,31 @@ class _SplitRows:
         return (f"the validation hold-out of {name} ({_percent(rule.fraction)} of the rows, by a hash of the row "
                 "number) got no document: pass --val-split with a larger fraction, or a split name")
 
+# %% ../nbs/03_data.ipynb #2e2472a8
+class _HubShares:
+    "How each process of a multi-host run reads only its own rows of a hub stream."
+
+    def _reads_by_node(self, which: str) -> bool:
+        "Whether a process can read only its share: a hub stream whose validation rows come from a split of their own."
+        return which == "train" and self.val_name is not None and all(
+            s.fmt == "hub" for s in self.splits[self.cfg.split])  # a held-out fraction needs every row's index
+
+    def _share(self, process_index: int, process_count: int) -> TextSource:
+        "This process's share of a hub stream's training split (`split_dataset_by_node`), its limit divided."
+        key = (process_index, process_count)
+        if key not in self._shares:  # kept: a saved position is a state of this very stream
+            from datasets.distributed import split_dataset_by_node
+            streams = [split_dataset_by_node(s.stream, rank=process_index, world_size=process_count)
+                       for s in self.splits[self.cfg.split]]
+            limit = self.cfg.max_train_examples
+            cfg = replace(self.cfg, max_train_examples=None if limit is None else -(-limit // process_count))
+            split = [Shard("hub", stream=s, start=s.state_dict()) for s in streams]
+            self._shares[key] = TextSource(cfg, {**self.splits, self.cfg.split: split}, self.separator,
+                                           self.fingerprint, self.size_bytes)
+        return self._shares[key]
+
 # %% ../nbs/03_data.ipynb #be5f8ea9
-class TextSource(_SplitRows):
+class TextSource(_SplitRows, _HubShares):
     "A resolved dataset: the shards of its train and validation splits, and how to read documents from them."
     def __init__(self, cfg: DataConfig, splits: dict[str, list[Shard]], separator: str, fingerprint: dict,
                  size_bytes: int | None):
@@ -479,25 +502,6 @@ class TextSource(_SplitRows):
             pos = {**START, "epoch": pos["epoch"] + 1}
             if texts:
                 yield texts, pos
-
-    def _reads_by_node(self, which: str) -> bool:
-        "Whether a process can read only its share: a hub stream whose validation rows come from a split of their own."
-        return which == "train" and self.val_name is not None and all(
-            s.fmt == "hub" for s in self.splits[self.cfg.split])  # a held-out fraction needs every row's index
-
-    def _share(self, process_index: int, process_count: int) -> TextSource:
-        "This process's share of a hub stream's training split (`split_dataset_by_node`), its limit divided."
-        key = (process_index, process_count)
-        if key not in self._shares:  # kept: a saved position is a state of this very stream
-            from datasets.distributed import split_dataset_by_node
-            streams = [split_dataset_by_node(s.stream, rank=process_index, world_size=process_count)
-                       for s in self.splits[self.cfg.split]]
-            limit = self.cfg.max_train_examples
-            cfg = replace(self.cfg, max_train_examples=None if limit is None else -(-limit // process_count))
-            split = [Shard("hub", stream=s, start=s.state_dict()) for s in streams]
-            self._shares[key] = TextSource(cfg, {**self.splits, self.cfg.split: split}, self.separator,
-                                           self.fingerprint, self.size_bytes)
-        return self._shares[key]
 
     def documents(self, which: str) -> Iterator[str]:
         "Non-empty documents of the 'train' or 'val' split, one epoch, in a fixed order."

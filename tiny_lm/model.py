@@ -364,8 +364,37 @@ def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
         return Block(cfg, rngs=rngs)
     return create(rngs)
 
+# %% ../nbs/01_model.ipynb #569a8747
+class _Ends:
+    "The two ends of a `Transformer`'s residual stream: the embeddings that start it, the logits it ends in."
+
+    def inputs(self, tokens_BT: jax.Array, positions_T: jax.Array) -> tuple[jax.Array, tuple | None]:
+        """The residual stream's start `[B, T, D]` (token embeddings, plus learned positions)
+        and the RoPE angles of `positions_T` (None without RoPE)."""
+        x_BTD = self.embed(tokens_BT)
+        if self.pos_embed is not None:
+            x_BTD = x_BTD + self.pos_embed(positions_T)[None]
+        return x_BTD, rope_angles(positions_T, self.cfg.head_dim, self.cfg.rope_theta) if self.cfg.use_rope else None
+
+    def logits(self, x_BTD: jax.Array) -> jax.Array:
+        """The final norm, the output projection (the embedding matrix when tied) and the soft-cap, in float32:
+        training (chunked loss too), evaluation and cached decoding all make their logits here."""
+        x_BTD = self.norm(x_BTD)
+        if self.lm_head is None and x_BTD.shape[1] == 1:  # a decode step: the embedding `[V, D]` as it is stored,
+            # the left factor (`attend`'s `x @ E.T` has XLA on a CPU transpose the table inside its product)
+            embedding_VD = self.embed.embedding[...].astype(self.embed.dtype)
+            logits_VBT = jax.lax.dot_general(embedding_VD, x_BTD.astype(self.embed.dtype), (((1,), (2,)), ((), ())))
+            return self._capped(logits_VBT.transpose(1, 2, 0).astype(jnp.float32))
+        return self._capped(
+            (self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)).astype(jnp.float32))
+
+    def _capped(self, logits_BTV: jax.Array) -> jax.Array:
+        "The soft-cap `cap · tanh(logits / cap)` when the config has one."
+        cap = self.cfg.logit_softcap
+        return cap * jnp.tanh(logits_BTV / cap) if cap else logits_BTV
+
 # %% ../nbs/01_model.ipynb #58089278
-class Transformer(nnx.Module):
+class Transformer(_Ends, nnx.Module):
     "Decoder-only language model: token ids `[B, T]` → next-token logits `[B, T, V]`."
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -420,31 +449,6 @@ class Transformer(nnx.Module):
         "Block `i` of the stack as a `Block` of its own (a copy, to look at)."
         graphdef, layers = nnx.split(self.blocks)
         return nnx.merge(graphdef, jax.tree.map(lambda x: x[i], layers))
-
-    def inputs(self, tokens_BT: jax.Array, positions_T: jax.Array) -> tuple[jax.Array, tuple | None]:
-        """The residual stream's start `[B, T, D]` (token embeddings, plus learned positions)
-        and the RoPE angles of `positions_T` (None without RoPE)."""
-        x_BTD = self.embed(tokens_BT)
-        if self.pos_embed is not None:
-            x_BTD = x_BTD + self.pos_embed(positions_T)[None]
-        return x_BTD, rope_angles(positions_T, self.cfg.head_dim, self.cfg.rope_theta) if self.cfg.use_rope else None
-
-    def logits(self, x_BTD: jax.Array) -> jax.Array:
-        """The final norm, the output projection (the embedding matrix when tied) and the soft-cap, in float32:
-        training (chunked loss too), evaluation and cached decoding all make their logits here."""
-        x_BTD = self.norm(x_BTD)
-        if self.lm_head is None and x_BTD.shape[1] == 1:  # a decode step: the embedding `[V, D]` as it is stored,
-            # the left factor (`attend`'s `x @ E.T` has XLA on a CPU transpose the table inside its product)
-            embedding_VD = self.embed.embedding[...].astype(self.embed.dtype)
-            logits_VBT = jax.lax.dot_general(embedding_VD, x_BTD.astype(self.embed.dtype), (((1,), (2,)), ((), ())))
-            return self._capped(logits_VBT.transpose(1, 2, 0).astype(jnp.float32))
-        return self._capped(
-            (self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)).astype(jnp.float32))
-
-    def _capped(self, logits_BTV: jax.Array) -> jax.Array:
-        "The soft-cap `cap · tanh(logits / cap)` when the config has one."
-        cap = self.cfg.logit_softcap
-        return cap * jnp.tanh(logits_BTV / cap) if cap else logits_BTV
 
 # %% ../nbs/01_model.ipynb #44e13939
 def count_params(model: nnx.Module, wrt=nnx.Param) -> int:

@@ -397,9 +397,76 @@ def evaluate(eval_step, state, val_batches: Sequence[np.ndarray], put: Callable 
     losses = [eval_step(state, put(b)) * len(b) for b in val_batches]
     return float(sum(losses) / sum(len(b) for b in val_batches))
 
+# %% ../nbs/04_train.ipynb #49737c61
+class _Rates:
+    "A `TrainLog`'s steady-state rates: from its first log step (compilation done) to its last."
+
+    def _steady(self, key: str, amount: Callable[[dict], float], clock: str = "clock") -> float:
+        ("What `amount` of a log record gains per second of `clock` (the loop's, evaluation excluded; or `time`, "
+         "the wall's), from the first log step to the last.")
+        if len(self.history) < 2:  # one log step: its own `key`, which leaves out compilation like the others
+            return self.history[0][key] if self.history else 0.0
+        first, last = self.history[0], self.history[-1]
+        return (amount(last) - amount(first)) / (last[clock] - first[clock])
+
+    @property
+    def tokens_per_sec(self) -> float:
+        "Steady-state throughput: from the first log step (compilation done) to the last, evaluation excluded."
+        return self._steady("tokens_per_sec", lambda h: self.tokens_per_step * h["step"])
+
+    @property
+    def mfu(self) -> float | None:
+        "Model FLOPs utilisation of the steady state."
+        return self.flops_per_token * self.tokens_per_sec / self.peak_flops if self.peak_flops else None
+
+    @property
+    def outside_step_fraction(self) -> float:
+        "Share of the steady state's wall time spent on the host outside the compiled step."
+        return self._steady("outside_step_fraction", lambda h: h["outside"])
+
+# %% ../nbs/04_train.ipynb #d9af9678
+class _Costs:
+    "What a `TrainLog` says a step, an evaluation and a save cost: what a time budget's clock plans by."
+
+    def step_seconds(self) -> float | None:
+        ("Seconds an optimizer step takes by the training clock: the steady rate's (`tokens_per_sec`), before a log "
+         "step the clock's so far; None before the first step.")
+        if self.tokens_per_sec:
+            return self.tokens_per_step / self.tokens_per_sec
+        return (time.perf_counter() - self.started - self.paused) / self.steps if self.steps else None
+
+    def eval_cost(self) -> tuple[float, float]:
+        ("Seconds one more evaluation takes, and the seconds of compiling the first one still adds: measured (the mean "
+         "of those after the first, which compiled), else estimated from the train step (`FORWARD_SHARE` of a step "
+         "per `tokens_per_step` tokens; `FORWARD_COMPILE_SHARE` of its compile).")
+        if len(self.eval_times) >= 2:
+            return float(np.mean(self.eval_times[1:])), 0.0
+        guess = self.eval_tokens / max(self.tokens_per_step, 1) * (self.step_seconds() or 0.0) * FORWARD_SHARE
+        if self.eval_times:  # its compile is over, and within its seconds
+            return min(guess, self.eval_times[0]), 0.0
+        return guess, FORWARD_COMPILE_SHARE * self.compile_seconds if self.eval_tokens else 0.0
+
+    def forward_seconds(self) -> float:
+        ("Seconds of an evaluation's forward passes alone, without its records and plot: its batches at the time a "
+         "batch took at the first evaluation of a time budget's run, else an evaluation's (`eval_cost`).")
+        if self.eval_batch_seconds is not None and self.val_batches:
+            return self.val_batches * self.eval_batch_seconds
+        return self.eval_cost()[0]
+
+    def save_cost(self) -> float:
+        ("Seconds a save holds the loop: the mean of those after the first, which set the checkpoints up; with only "
+         "the first seen, its call without the write it waited for, or that write if shorter (copying the state off "
+         "the devices takes no longer than writing it); 0 before any.")
+        if len(self.save_times) > 1:
+            return float(np.mean(self.save_times[1:]))
+        if not self.save_times:
+            return 0.0
+        call = self.save_times[0] - (self.save_write or 0.0)
+        return min(call, self.save_write) if self.save_write is not None else call
+
 # %% ../nbs/04_train.ipynb #de7e91c9
 @dataclass
-class TrainLog:
+class TrainLog(_Rates, _Costs):
     "What happened during `fit`: per-log-step metrics, evaluations, and totals."
     tokens_per_step: int  # tokens (over all devices) consumed by one optimizer step
     start_step: int = 0  # the step `fit` started from
@@ -445,65 +512,6 @@ class TrainLog:
     def tokens(self) -> int:
         "Tokens trained on in this call."
         return self.steps * self.tokens_per_step
-
-    def _steady(self, key: str, amount: Callable[[dict], float], clock: str = "clock") -> float:
-        ("What `amount` of a log record gains per second of `clock` (the loop's, evaluation excluded; or `time`, "
-         "the wall's), from the first log step to the last.")
-        if len(self.history) < 2:  # one log step: its own `key`, which leaves out compilation like the others
-            return self.history[0][key] if self.history else 0.0
-        first, last = self.history[0], self.history[-1]
-        return (amount(last) - amount(first)) / (last[clock] - first[clock])
-
-    @property
-    def tokens_per_sec(self) -> float:
-        "Steady-state throughput: from the first log step (compilation done) to the last, evaluation excluded."
-        return self._steady("tokens_per_sec", lambda h: self.tokens_per_step * h["step"])
-
-    @property
-    def mfu(self) -> float | None:
-        "Model FLOPs utilisation of the steady state."
-        return self.flops_per_token * self.tokens_per_sec / self.peak_flops if self.peak_flops else None
-
-    @property
-    def outside_step_fraction(self) -> float:
-        "Share of the steady state's wall time spent on the host outside the compiled step."
-        return self._steady("outside_step_fraction", lambda h: h["outside"])
-
-    def step_seconds(self) -> float | None:
-        ("Seconds an optimizer step takes by the training clock: the steady rate's (`tokens_per_sec`), before a log "
-         "step the clock's so far; None before the first step.")
-        if self.tokens_per_sec:
-            return self.tokens_per_step / self.tokens_per_sec
-        return (time.perf_counter() - self.started - self.paused) / self.steps if self.steps else None
-
-    def eval_cost(self) -> tuple[float, float]:
-        ("Seconds one more evaluation takes, and the seconds of compiling the first one still adds: measured (the mean "
-         "of those after the first, which compiled), else estimated from the train step (`FORWARD_SHARE` of a step "
-         "per `tokens_per_step` tokens; `FORWARD_COMPILE_SHARE` of its compile).")
-        if len(self.eval_times) >= 2:
-            return float(np.mean(self.eval_times[1:])), 0.0
-        guess = self.eval_tokens / max(self.tokens_per_step, 1) * (self.step_seconds() or 0.0) * FORWARD_SHARE
-        if self.eval_times:  # its compile is over, and within its seconds
-            return min(guess, self.eval_times[0]), 0.0
-        return guess, FORWARD_COMPILE_SHARE * self.compile_seconds if self.eval_tokens else 0.0
-
-    def forward_seconds(self) -> float:
-        ("Seconds of an evaluation's forward passes alone, without its records and plot: its batches at the time a "
-         "batch took at the first evaluation of a time budget's run, else an evaluation's (`eval_cost`).")
-        if self.eval_batch_seconds is not None and self.val_batches:
-            return self.val_batches * self.eval_batch_seconds
-        return self.eval_cost()[0]
-
-    def save_cost(self) -> float:
-        ("Seconds a save holds the loop: the mean of those after the first, which set the checkpoints up; with only "
-         "the first seen, its call without the write it waited for, or that write if shorter (copying the state off "
-         "the devices takes no longer than writing it); 0 before any.")
-        if len(self.save_times) > 1:
-            return float(np.mean(self.save_times[1:]))
-        if not self.save_times:
-            return 0.0
-        call = self.save_times[0] - (self.save_write or 0.0)
-        return min(call, self.save_write) if self.save_write is not None else call
 
 # %% ../nbs/04_train.ipynb #d816e4f6
 def _write_jsonl(path: Path | None, record: dict) -> None:
