@@ -77,7 +77,8 @@ PAIRS = 3  # streams timed, each between two encodings; each figure is the media
 
 def bench_data(dataset_id: str = BUILTIN_CORPUS, dataset_config: str | None = None, text_column: str = "text",
                tokenizer_path: str | Path | None = None,  # None: train one of `vocab_size` on the first documents
-               vocab_size: int = 4096, seq_len: int = 128, batch_size: int = 16, num_workers: int = 2,
+               vocab_size: int = 4096, seq_len: int = 128, batch_size: int = 16,
+               num_workers: int | None = None,  # encoder threads (None: as `tiny-lm train` chooses)
                tokens: int = 4_000_000,  # training tokens each pipeline is timed over
                ) -> dict:
     "The data pipeline's rates in tokens/s: the tokenizer's own encoding, streaming batches and cached batches."
@@ -92,13 +93,13 @@ def bench_data(dataset_id: str = BUILTIN_CORPUS, dataset_config: str | None = No
     cached = _cached_rate(text, tokenizer, source.separator, seq_len, batch_size, tokens)
     encodes, streams = [encode_rate()], []
     for _ in range(PAIRS):  # each stream timed between two encodings: a machine that speeds up or slows down cancels
-        streams.append(_streaming_rate(source, tokenizer, seq_len, batch_size, num_workers, tokens))
+        streams.append(_streaming_rate(source, tokenizer, seq_len, batch_size, source.cfg.workers, tokens))
         encodes.append(encode_rate())
     ratios = [s / ((before + after) / 2) for (s, _), before, after in zip(streams, encodes, encodes[1:])]
     encode, streaming = statistics.median(encodes), statistics.median(s for s, _ in streams)
     first = streams[0][1]  # the first stream's start-up: as cold as a run's
     return {"dataset_id": dataset_id, "vocab_size": tokenizer.get_vocab_size(), "seq_len": seq_len,
-            "batch_size": batch_size, "num_workers": num_workers, "cpu_count": os.cpu_count(),
+            "batch_size": batch_size, "num_workers": source.cfg.workers, "cpu_count": os.cpu_count(),
             "encode_tokens_per_sec": encode, "streaming_tokens_per_sec": streaming,
             "streaming_vs_encode": statistics.median(ratios), "streaming_first_batch_s": first,
             "cached_tokens_per_sec": cached}

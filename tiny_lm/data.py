@@ -34,15 +34,21 @@ from .errors import TinyLMError
 from .tokenizer import EOT, tokenizer_fingerprint
 
 # %% auto #0
-__all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'DataConfig',
-           'builtin_corpus_files', 'lesson_text', 'file_format', 'source_kind', 'Shard', 'HoldOut', 'hold_out_rule',
-           'hold_out_tail', 'TextSource', 'open_source', 'token_cache_path', 'load_tokens', 'first_tokens',
-           'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
+__all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'default_workers',
+           'DataConfig', 'builtin_corpus_files', 'lesson_text', 'file_format', 'source_kind', 'Shard', 'HoldOut',
+           'hold_out_rule', 'hold_out_tail', 'TextSource', 'open_source', 'token_cache_path', 'load_tokens',
+           'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
 AUTO_VAL_FRACTION = 0.02  # share of documents held out when a source has no validation split
 STREAM_ABOVE_BYTES = 100_000_000  # local sources larger than this stream by default
+
+def default_workers(cores: int | None = None) -> int:
+    ("Encoder threads by default: one on two cores or fewer (the tokenizer spreads each call over the cores itself, "
+     "and two calls at once cost more CPU per token there: 00a_encoding), else one per core, at most 4.")
+    cores = cores or os.cpu_count() or 1
+    return 1 if cores <= 2 else min(cores, 4)
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -57,7 +63,7 @@ class DataConfig:
     stride: int | None = None  # tokens between window starts (None: seq_len, windows do not overlap)
     streaming: bool | None = None  # stream (True), cache on disk (False), or choose by source (None)
     shuffle_buffer_size: int = 1000  # windows in the streaming shuffle buffer (1: no shuffling)
-    num_workers: int | None = None  # encoder threads (None: one per CPU core, at most 4; 0: the reading thread)
+    num_workers: int | None = None  # encoder threads (None: `default_workers()`; 0: the reading thread)
 
     def __post_init__(self):
         frac = _as_fraction(self.val_split)
@@ -73,7 +79,7 @@ class DataConfig:
     @property
     def workers(self) -> int:
         "Background threads that call the tokenizer, each encoding one chunk at a time with the GIL released."
-        return min(os.cpu_count() or 1, 4) if self.num_workers is None else self.num_workers
+        return default_workers() if self.num_workers is None else self.num_workers
 
 def _as_fraction(val_split: str) -> float | None:
     try:
@@ -770,9 +776,10 @@ class StreamingBatches(_Packer, _ShuffleBuffer, _StreamState):
     ("Shuffled `[B, seq_len + 1]` batches packed from a document stream; "
      "`state()` after any batch resumes exactly there.")
     def __init__(self, source: TextSource, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
-                 stride: int | None = None, buffer_size: int = 1000, num_workers: int = 2,
+                 stride: int | None = None, buffer_size: int = 1000, num_workers: int | None = None,
                  process_index: int = 0, process_count: int = 1, state: dict | None = None):
-        self.source, self.tokenizer, self.num_workers = source, tokenizer, num_workers
+        self.source, self.tokenizer = source, tokenizer
+        self.num_workers = default_workers() if num_workers is None else num_workers
         self.spec = dict(seq_len=seq_len, stride=stride or seq_len, batch_size=batch_size, buffer_size=buffer_size,
                          seed=seed, process_index=process_index, process_count=process_count)
         self.batch_size, self.window, self.stride, self.buffer_size = (

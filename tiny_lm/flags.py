@@ -62,7 +62,8 @@ _HELP = {
     "max_val_examples": "read at most this many validation documents (default: as many as --eval-batches needs)",
     "stride": "tokens between window starts; less than --seq-len makes windows overlap (default: --seq-len)",
     "shuffle_buffer_size": "windows in the streaming shuffle buffer; 1 disables shuffling (default: 1000)",
-    "num_workers": "tokenizer threads; 0 tokenizes on the reading thread (default: one per CPU core, at most 4)",
+    "num_workers": "tokenizer threads; 0 tokenizes on the reading thread (default: one on up to 2 CPU cores, "
+                   "else one per core, at most 4)",
     "vocab_size": "tokens in the trained tokenizer's vocabulary (default: 4096)",
     "min_vocab_size": "smallest size --auto-vocab-size may choose (default: 512)",
     "max_vocab_size": "largest size --auto-vocab-size may choose (default: 16384)",
@@ -382,9 +383,9 @@ def _bench_parser(sub) -> None:
     d.add_argument("--vocab-size", type=int, default=None,  # None: not given, so a --tokenizer-path can refuse it
                    help="vocabulary of the tokenizer trained for the bench; not with --tokenizer-path (default: 4096)")
     for flag, default, what in [("seq-len", 128, "window length"), ("batch-size", 16, "windows per batch"),
-                                ("num-workers", 2, "encoder threads of the streaming pipeline"),
                                 ("tokens", 4_000_000, "training tokens to time each pipeline over")]:
         d.add_argument(f"--{flag}", type=int, default=default, help=f"{what} (default: {default})")
+    d.add_argument("--num-workers", type=int, default=None, help=_HELP["num_workers"])
     for add in (_bench_train_parser, _bench_generate_parser):
         add(kinds)
     for kind in kinds.choices.values():

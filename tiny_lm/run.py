@@ -241,7 +241,7 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
                                data_cfg.shuffle_buffer_size, data_cfg.workers, **process)
     per_epoch = source.size_bytes / bpt / (data_cfg.stride or seq_len) / global_B if source.size_bytes else None
     return PreparedData(batches, val_batches, unigram_loss(sample, val_targets, vocab), per_epoch,
-                        f"streaming: {data_cfg.workers} encoder threads, shuffle buffer "
+                        f"streaming: {data_cfg.workers} encoder thread{'s' * (data_cfg.workers != 1)}, shuffle buffer "
                         f"{data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens; "
                         f"{source.val_description}")
 
