@@ -618,16 +618,19 @@ def _log_step(run: TrainLog, cfg: TrainConfig, before: int, done: int, total_ste
 
 # %% ../nbs/04_train.ipynb #2a768c97
 def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches, checkpoint: Callable | None,
-         requested: list[int], last_save: float) -> tuple[bool, bool, int]:
-    "What the call from step `before` to `done` calls for, the same on every process: evaluate, save, stop (a signal)."
+         requested: list[int], run: TrainLog) -> tuple[bool, bool, int]:
+    ("What the call from step `before` to `done` calls for, the same on every process: evaluate, save, stop (a "
+     "signal). A time budget's run also saves at its first log step, so that its clock knows what the last save "
+     "costs before it plans the end (a first save sets the checkpoints up: the slowest).")
     evaluating = val_batches and (crossed(before, done, cfg.eval_every) or done == total_steps)
+    measure = bool(cfg.time_budget and not run.save_times and run.history and run.history[-1]["step"] == done)
     stop, late = 0, False  # a signal to any process stops all; a save that is due by the clock on any process saves all
     if jax.process_count() == 1 or crossed(before, done, cfg.log_every):  # many processes compare at log steps only
         stop, late = _on_any_process(
             requested[0] if requested and done < total_steps else 0,
-            cfg.save_every_minutes > 0 and time.perf_counter() - last_save >= 60 * cfg.save_every_minutes)
+            cfg.save_every_minutes > 0 and time.perf_counter() - run.last_save >= 60 * cfg.save_every_minutes)
     saving = checkpoint is not None and (crossed(before, done, cfg.save_every) or done == total_steps or late > 0
-                                         or stop > 0)
+                                         or stop > 0 or measure)
     return evaluating, saving, stop
 
 @contextmanager
@@ -795,8 +798,7 @@ def fit(
                 state, metrics, data_state = _fetch_and_train(run, loader, put, step, state, model.cfg.seq_len,
                                                               done - before, K)
                 _log_step(run, cfg, before, done, total_steps, metrics, rates, bar, live, metrics_path)
-                evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested,
-                                                run.last_save)
+                evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested, run)
                 if evaluating or saving:
                     jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not the pause's
                 if evaluating:
