@@ -14,13 +14,14 @@ import pytest
 from filelock import FileLock
 
 from test_cli import ENV, SMALL, without
-from test_faults import RUN, final_params, losses
+from test_faults import RUN, SHORT, final_params, losses
 
 # name -> the `tiny-lm` arguments of the run (its --output-dir is added)
 SHARED = {
     "trained": ["train", *without(SMALL, "--sample-tokens"), "--max-steps", "80"],  # 80 steps, its sample printed
     "reference": ["train", *RUN],  # test_faults' uninterrupted run
-}
+    "faults_short": ["train", *SHORT, "20"],  # test_faults' finished run that its tests copy (a module fixture ran it
+}                                             # once on each worker)
 # runs the command in argv[2:], then writes its status and output to argv[1] (atomically: a reader never sees half)
 RECORD = ("import json, os, subprocess, sys\n"
           "r = subprocess.run(sys.argv[2:], capture_output=True, text=True)\n"
@@ -83,6 +84,12 @@ def trained(shared_runs):
     """A run of 80 steps on the Shakespeare fixture, with its sample: its folder and its record (`stdout`). Tests only
     read it (or copy it)."""
     return finished(shared_runs, "trained")
+
+
+@pytest.fixture(scope="session")
+def faults_short(shared_runs) -> Path:
+    """test_faults' finished run of SHORT 20 (checkpoints 15 and 20 kept); tests change copies of it, never the run."""
+    return finished(shared_runs, "faults_short")[0]
 
 
 @pytest.fixture(scope="session")

@@ -132,13 +132,11 @@ def test_ctrl_c_once_saves_twice_stops_at_once(tmp_path):
 SHORT = [*without(RUN, "--max-steps", "--save-every"), "--save-every", "5", "--max-steps"]
 
 
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory) -> Path:
-    """A finished run of SHORT 20 (checkpoints 15 and 20 kept); tests change copies of it, never the run itself."""
-    out = tmp_path_factory.mktemp("short") / "o"
-    r = tiny_lm("train", *SHORT, "20", "--output-dir", str(out))
-    assert r.returncode == 0, r.stderr
-    return out
+@pytest.fixture
+def short_run(faults_short) -> Path:
+    """A finished run of SHORT 20 (checkpoints 15 and 20 kept), trained once for every worker (conftest's shared runs);
+    tests change copies of it, never the run itself."""
+    return faults_short
 
 
 def copy_run(run: Path, to: Path) -> Path:
