@@ -84,19 +84,20 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
     The tolerance follows from the mechanism, not from a quiet machine: everything before the clock decides is
     measured (the compiles, evaluations and saves too), and the plan aims at 97.5 % of the budget, so the landing
     misses the aim only by how much the machine's speed changes over what the plan had left to foresee: the decay
-    (5 % of the steps), its evaluations, the one save at the end and its write, and the scoring. Those are asserted to be at
+    (3 % of the steps), its evaluations, the one save at the end and its write, and the scoring. Those are asserted to be at
     most 5 % of the budget, so steps, evaluations and saves anything from half as fast to 1.5 times as fast as before
     the decision (a test runner's other work starting or stopping) still land in [0.95, 1]. The default decay, 30 %
-    of the steps, leaves 5-6 times as much to foresee (it landed at 0.959 and 0.967 in two runs like this one here)."""
+    of the steps, leaves several times as much to foresee (it landed at 0.959 and 0.967 in two runs like this one here)."""
     # a compile cache of its own: the step, the evaluation and the scoring compile here (a cache other tests share may
     # hold them); 10 validation batches (the held-out fifth holds more), more than a tenth of the budget holds at every
     # 10 steps: the run chooses fewer, and says so; a 2-step warm-up, over before the clock can decide; one save, the
-    # last (a save every 10 steps put 1-2 more inside the decay: 1.52 s to foresee once, over the 1.5 s this asserts)
+    # last (a save every 10 steps put 1-2 more inside the decay: 1.52 s to foresee once, over the 1.5 s this asserts);
+    # a decay of 3 % (5 % foresaw 1.51 s once, the first save's write counted: 22 steps and 3 evaluations)
     env = {**ENV, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
     out, budget = tmp_path / "budget", 30
     command = [*without(FLAGS, "--num-layers", "--log-every", "--eval-every", "--save-every", "--warmup-steps"),
                "--num-layers", "8", "--log-every", "2", "--eval-every", "10", "--save-every", "100000",
-               "--warmup-steps", "2", "--decay-fraction", "0.05",
+               "--warmup-steps", "2", "--decay-fraction", "0.03",
                "--val-split", "0.2", "--eval-batches", "10", "--time-budget", f"{budget}s"]
     r = tiny_lm("train", *command, "--output-dir", str(out), env=env)
     assert r.returncode == 0, r.stderr
