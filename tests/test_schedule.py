@@ -109,6 +109,7 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
           f"the plan foresaw {summary['decay_plan']['seconds']:.2f} s, {last - decay} steps of decay")
     assert outside >= budget / 3, summary  # the case this test is for
     assert summary["decay_plan"]["seconds"] <= 0.05 * budget, summary["decay_plan"]  # what the plan had to foresee
+    assert summary["decay_plan"]["costs"]["save"] > 0, summary["decay_plan"]  # a save was timed before it decided
     assert 0.95 <= summary["budget_used"] <= 1.0, {k: summary[k] for k in ("budget_used", "decay_plan", "total_time")}
     assert "validation:" in r.stdout and 0 < summary["eval_tokens"] < 10 * 8 * 32, r.stdout
     assert summary["final_val_bpb_tokens"] > 0
