@@ -1,12 +1,17 @@
-"""The `tiny-lm` command end to end, in subprocesses, on the fixtures in tests/data/."""
+"""The `tiny-lm` command end to end on the fixtures in tests/data/: in this process, or in subprocesses where the
+process itself is checked (see `tiny_lm`)."""
+import contextlib
 import hashlib
+import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +24,9 @@ JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_
              or str(Path(tempfile.gettempdir()) / "tiny_lm_tests_jax_cache"),
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 # The XLA flags the whole test run was given (tests/check.sh: LLVM's optimisations off, to compile faster), with each
-# test's count of CPU devices added.
-XLA_BASE = os.environ.get("XLA_FLAGS", "")
+# test's count of CPU devices added. Without a count of their own: pytest-xdist's workers inherit the environment
+# that this module gives its process (below), devices counted.
+XLA_BASE = re.sub(r"\s*--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
 
 
 def xla_flags(devices: int | None = None) -> str:
@@ -53,9 +59,20 @@ NO_DIMS = without(SMALL, "--d-model", "--num-layers", "--num-heads")
 GQA = [*without(SMALL, "--num-layers", "--num-heads"), "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2"]
 
 
-def tiny_lm(*args, env=ENV, timeout=300):
-    """Run the installed console script; returns the completed process."""
-    return subprocess.run(["tiny-lm", *args], capture_output=True, text=True, env=env, timeout=timeout)
+# This test process runs `tiny-lm` itself (`tiny_lm`, `in_process` below), in the environment the subprocesses get:
+# the same XLA flags (two CPU devices), compilation cache and quiet progress bars. Set before JAX is first imported.
+os.environ.update(ENV)
+
+
+def tiny_lm(*args, env=ENV, timeout=300, process=False) -> subprocess.CompletedProcess:
+    """`tiny-lm ARGS`: its exit status and what it printed. Run in this process by `main`, the console script's own
+    function, unless the process itself is what the test checks (`process=True`: a second start, signals, a pipe's
+    end, the console script) or it needs another environment (`env`: other devices or XLA flags); then the installed
+    console script runs in a subprocess. A small run's start-up is most of its cost: 5.7 s for a 4-step run in a
+    subprocess, 2.4 s of it importing, and each eager operation's program loaded again (34 in a 4-step run)."""
+    if process or env is not ENV:
+        return subprocess.run(["tiny-lm", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return in_process(*args)
 
 
 def snapshot(folder: Path) -> list:
@@ -214,22 +231,25 @@ def make_bad_files(tmp_path) -> dict:
 IN_A_SUBPROCESS = {"hub unreachable", "mesh does not match the devices"}
 
 
-def in_process(capsys, *args) -> subprocess.CompletedProcess:
-    """`tiny-lm ARGS` run by `main` in this process (on its JAX devices): its exit status and what it printed. Where the
-    process itself is not what a test checks: a subprocess's start-up (imports, JAX, tracing) would be most of the cost
-    of a refused command, and programs compiled here serve the next call (generation, evaluation) at once."""
+def in_process(*args) -> subprocess.CompletedProcess:
+    """`tiny-lm ARGS` run by `main` in this process (on its JAX devices): its exit status and what it printed, as a
+    subprocess would give them (an unexpected exception: status 1 and its traceback). Programs compiled here serve
+    the next call (generation, evaluation) at once."""
     from tiny_lm.cli import main
-    capsys.readouterr()  # what came before is not this command's
-    try:
-        code = main(list(args))
-    except SystemExit as e:  # argparse's own errors leave by SystemExit, as they do from the console script
-        code = e.code
-    printed = capsys.readouterr()
-    return subprocess.CompletedProcess(["tiny-lm", *args], code, printed.out, printed.err)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's own errors leave by SystemExit, as they do from the console script
+            code = e.code
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    return subprocess.CompletedProcess(["tiny-lm", *args], code, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUT))
-def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, capsys, case):
+def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, case):
     out, _ = trained
     args, message = BAD_INPUT[case]
     files = make_bad_files(tmp_path)
@@ -241,7 +261,7 @@ def test_bad_input_is_one_line_and_touches_nothing(trained, tmp_path, capsys, ca
     if case in ("target too small", "prefer depth alone"):
         base = NO_DIMS
     argv = ["train", *base, "--max-steps", "5", "--output-dir", str(out), "--overwrite", *args]  # a new run: checked before it replaces anything
-    r = tiny_lm(*argv) if case in IN_A_SUBPROCESS else in_process(capsys, *argv)
+    r = tiny_lm(*argv, process=True) if case in IN_A_SUBPROCESS else in_process(*argv)
     code, err = r.returncode, r.stderr
     assert code == 2, (code, err)
     assert message in err
@@ -402,7 +422,7 @@ def test_speedrun_switches_train_continue_generate_fine_tune_and_export(tmp_path
 
 
 @pytest.mark.parametrize("case", ["dims", "tokenizer", "same folder", "rank 0", "rank too big", "alpha", "both init and resume"])
-def test_bad_fine_tuning_flags(trained, tmp_path, capsys, case):
+def test_bad_fine_tuning_flags(trained, tmp_path, case):
     """Each is refused in one line, exit 2, before anything is written (base run and new folder untouched)."""
     out, _ = trained
     new = tmp_path / "new"
@@ -416,7 +436,7 @@ def test_bad_fine_tuning_flags(trained, tmp_path, capsys, case):
         "both init and resume": (["--resume-from", str(out)], "give only one of them"),
     }[case]
     before = snapshot(out)
-    r = in_process(capsys, "train", "--init-from", str(out), *FINETUNE, "--max-steps", "2", "--output-dir", str(new), *args)
+    r = in_process("train", "--init-from", str(out), *FINETUNE, "--max-steps", "2", "--output-dir", str(new), *args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert snapshot(out) == before and not new.exists()
@@ -633,25 +653,25 @@ def test_cpu_devices_default_to_the_usable_cores():
     assert result["tokens_per_step"] == 12 * 32  # --batch-size is the whole CPU's
 
 
-def test_generate_batches_stops_and_equals_the_reference(trained, capsys):
+def test_generate_batches_stops_and_equals_the_reference(trained):
     out, _ = trained
-    three = in_process(capsys, "generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "12", "--num-samples", "3")
+    three = in_process("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "12", "--num-samples", "3")
     assert three.returncode == 0, three.stderr
     assert [f"--- sample {i} of 3 ---" in three.stdout for i in (1, 2, 3)] == [True] * 3
-    greedy = [in_process(capsys, "generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", *flags)
+    greedy = [in_process("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", *flags)
               for flags in ([], ["--no-cache"])]
     assert greedy[0].returncode == 0 and greedy[0].stdout == greedy[1].stdout, (greedy[0].stderr, greedy[1].stdout)
-    stopped = in_process(capsys, "generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", "--stop", "\n")
+    stopped = in_process("generate", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-tokens", "60", "--temperature", "0", "--stop", "\n")
     assert stopped.returncode == 0 and "\n" not in stopped.stdout.rstrip("\n")[len("ROMEO:"):]
     assert greedy[0].stdout.startswith(stopped.stdout.rstrip("\n"))
     long_prompt = "ROMEO: " * 40  # longer than the window of 32 tokens
-    cut = in_process(capsys, "generate", "--checkpoint", str(out), "--prompt", long_prompt, "--max-tokens", "5")
+    cut = in_process("generate", "--checkpoint", str(out), "--prompt", long_prompt, "--max-tokens", "5")
     assert cut.returncode == 0 and "generating from its last 32 tokens" in cut.stderr, cut.stderr
 
 
-def test_eval_scores_bits_per_byte_as_training_did(trained, capsys):
+def test_eval_scores_bits_per_byte_as_training_did(trained):
     out, _ = trained
-    r = in_process(capsys, "eval", "--checkpoint", str(out), "--json")
+    r = in_process("eval", "--checkpoint", str(out), "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     summary = json.loads((out / "training_summary.json").read_text())
@@ -659,9 +679,9 @@ def test_eval_scores_bits_per_byte_as_training_did(trained, capsys):
     assert abs(result["perplexity"] - math.exp(result["loss"])) < 1e-6 * result["perplexity"]
     assert abs(result["bits_per_byte"] - result["loss"] / math.log(2) * result["tokens"] / result["bytes"]) < 1e-9
     assert 0 < result["bits_per_byte"] < 8 and result["tokens"] > 0
-    whole = json.loads(in_process(capsys, "eval", "--checkpoint", str(out), "--split", "train", "--max-examples", "20", "--json").stdout)
+    whole = json.loads(in_process("eval", "--checkpoint", str(out), "--split", "train", "--max-examples", "20", "--json").stdout)
     assert whole["documents"] == 20 and whole["split"] == "train"
-    other = in_process(capsys, "eval", "--checkpoint", str(out), "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body")
+    other = in_process("eval", "--checkpoint", str(out), "--dataset-id", str(DATA / "speeches.jsonl"), "--text-column", "body")
     assert other.returncode == 0 and "bits per byte" in other.stdout, other.stderr
 
 
@@ -704,7 +724,7 @@ GEN_BAD = {
 
 
 @pytest.mark.parametrize("case", list(GEN_BAD))
-def test_generate_eval_export_bad_input(trained, tmp_path, capsys, case):
+def test_generate_eval_export_bad_input(trained, tmp_path, case):
     """In this process (`in_process`: these fail before any compilation, so a start-up would be most of the cost)."""
     out, _ = trained
     args, message = GEN_BAD[case]
@@ -722,7 +742,7 @@ def test_generate_eval_export_bad_input(trained, tmp_path, capsys, case):
     elif args[0] not in ("bench", "size") and "--checkpoint" not in args:
         args += ["--checkpoint", str(out)]
     before = snapshot(out)
-    r = in_process(capsys, *args)
+    r = in_process(*args)
     err = r.stderr
     assert r.returncode == 2, (r.returncode, err)
     assert message in err and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
@@ -760,14 +780,14 @@ DAMAGED_COMMANDS = {
 
 
 @pytest.mark.parametrize("command", list(DAMAGED_COMMANDS))
-def test_damaged_newest_step_is_skipped_with_a_warning(trained, tmp_path, capsys, command):
+def test_damaged_newest_step_is_skipped_with_a_warning(trained, tmp_path, command):
     """The newest step's files overwritten with random bytes: each command warns, naming it, and uses the step before;
     a damaged step named on its own is one clear error."""
     run = tmp_path / "run"
     shutil.copytree(trained[0], run)  # copies: the original's hard-linked final_checkpoint stays intact
     overwrite_with_random_bytes(run / "checkpoint_step_80")
     args = [{"RUN": str(run), "HF": str(tmp_path / "hf")}.get(a, a) for a in DAMAGED_COMMANDS[command]]
-    r = in_process(capsys, *args)
+    r = in_process(*args)
     out, err = r.stdout, r.stderr
     assert r.returncode == 0, err
     assert f"warning: checkpoint_step_80 (UnicodeDecodeError) in {run} cannot be read (damaged): using step 40 instead" in err, err
@@ -782,7 +802,7 @@ def test_damaged_newest_step_is_skipped_with_a_warning(trained, tmp_path, capsys
     if command == "export":
         assert (tmp_path / "hf" / "model.safetensors").is_file()
     named = [str(run / "checkpoint_step_80") if a == str(run) else a for a in args]
-    r = in_process(capsys, *named)
+    r = in_process(*named)
     err = r.stderr
     assert r.returncode == 2, (r.returncode, err)
     assert err.startswith(f"error: {run / 'checkpoint_step_80'} cannot be read (UnicodeDecodeError): it is damaged; pass the run folder"), err
@@ -815,7 +835,7 @@ def test_second_start_loads_the_compiled_steps(tmp_path):
     cache = tmp_path / "jax-cache"
     def run(out: str):
         r = tiny_lm("train", *SMALL, "--max-steps", "2", "--sample-tokens", "0", "--output-dir", str(tmp_path / out),
-                    "--compile-cache", str(cache))
+                    "--compile-cache", str(cache), process=True)  # a second start: a process of its own
         assert r.returncode == 0, r.stderr
         return sorted(p.name for p in cache.iterdir() if p.name.endswith("-cache")), json.loads(
             (tmp_path / out / "training_summary.json").read_text())["compile_seconds"]

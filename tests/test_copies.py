@@ -236,7 +236,7 @@ def test_a_bucket_that_fails_mid_run_warns_and_training_goes_on(clouds, tmp_path
     assert cloud.secret not in stdout + stderr + written_text(out)
 
 
-def test_copy_flags_are_checked_before_any_work(tmp_path, capsys):
+def test_copy_flags_are_checked_before_any_work(tmp_path):
     """In this process (`in_process`: each case fails before any work, so a start-up would be the cost)."""
     out = tmp_path / "o"
     for flags, message in [(["--backup-dir", str(out / "backup")], "overlap"),
@@ -245,7 +245,7 @@ def test_copy_flags_are_checked_before_any_work(tmp_path, capsys):
                            (["--cloud-provider", "gcs", "--cloud-bucket", "b", "--cloud-region", "eu"], "applies to --cloud-provider s3"),
                            (["--cloud-provider", "s3", "--cloud-bucket", "s3://b"], "is not a bucket name"),
                            (["--cloud-provider", "s3", "--cloud-bucket", "b", "--azure-sas-token", "sv=1&sig=TOPSECRET"], "apply to --cloud-provider azure")]:
-        r = in_process(capsys, "train", *RUN, *flags, "--output-dir", str(out))
+        r = in_process("train", *RUN, *flags, "--output-dir", str(out))
         code, stdout, stderr = r.returncode, r.stdout, r.stderr
         assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1, (flags, stderr)
         assert "TOPSECRET" not in stderr + stdout

@@ -205,7 +205,7 @@ def test_full_disk_stops_with_one_clear_line_and_the_checkpoints_intact(short_ru
             subprocess.run(["umount", str(disk)])
 
 
-def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path, capsys):
+def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path):
     out = copy_run(short_run, tmp_path / "o")
     args = [*SHORT, "20", "--output-dir", str(out)]  # the command that made the run
     again = tiny_lm("train", *args)
@@ -215,7 +215,7 @@ def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path, ca
     fresh = tiny_lm("train", *args, "--overwrite")
     assert fresh.returncode == 0, fresh.stderr
     assert "--overwrite: this new run replaces the checkpoints" in fresh.stdout and "resumed" not in fresh.stdout
-    both = in_process(capsys, "train", *args, "--overwrite", "--resume-from", str(out))  # refused before any work
+    both = in_process("train", *args, "--overwrite", "--resume-from", str(out))  # refused before any work
     assert both.returncode == 2 and "give only one of them" in both.stderr
 
 

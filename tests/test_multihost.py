@@ -112,7 +112,7 @@ def test_unreachable_coordinator_is_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path, capsys):
+def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path):
     "A preemption notice to one host: both processes agree on the step, save it together, and exit 143; the step restores."
     port, out = free_port(), tmp_path / "run"
     flags = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "300", "--seq-len", "32", "--batch-size", "1",
@@ -137,7 +137,7 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path, capsys):
         steps.append(int(found.group(1)))
     assert steps[0] == steps[1] < 2000
     assert (out / f"checkpoint_step_{steps[0]}").is_dir()
-    r = in_process(capsys, "inspect", str(out), "--json")  # a saved step needs no start-up of its own to inspect
+    r = in_process("inspect", str(out), "--json")  # a saved step needs no start-up of its own to inspect
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     assert report["step"] == steps[0] and report["finite"]

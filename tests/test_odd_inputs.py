@@ -162,7 +162,7 @@ def check_refused(r, said: str) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_an_odd_input_is_one_line_and_touches_nothing(odd, capsys, case):
+def test_an_odd_input_is_one_line_and_touches_nothing(odd, case):
     folder, run, before, run_before = odd
     argv, said = CASES[case]
     fill = lambda s: s.replace("{W}", str(folder)).replace("{RUN}", str(run))
@@ -170,7 +170,7 @@ def test_an_odd_input_is_one_line_and_touches_nothing(odd, capsys, case):
     signal.alarm(60)  # refused before any slow work: a minute is a hang
     try:
         argv = [fill(a) for a in argv]
-        r = tiny_lm(*argv, timeout=120) if case in IN_A_SUBPROCESS else in_process(capsys, *argv)
+        r = tiny_lm(*argv, timeout=120, process=True) if case in IN_A_SUBPROCESS else in_process(*argv)
     finally:
         signal.alarm(0)
     check_refused(r, fill(said))
@@ -195,7 +195,7 @@ def test_the_whole_command_says_the_same_line(odd, case):
     folder, run, before, _ = odd
     argv, said = CASES[case]
     fill = lambda s: s.replace("{W}", str(folder)).replace("{RUN}", str(run))
-    r = tiny_lm(*map(fill, argv), timeout=120)
+    r = tiny_lm(*map(fill, argv), timeout=120, process=True)
     check_refused(r, fill(said))
     assert snapshot(folder) == before
     assert os.path.isdir(run)

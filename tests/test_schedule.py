@@ -125,7 +125,7 @@ def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
     out = tmp_path / "budget"
     command = [*without(FLAGS, "--log-every", "--save-every", "--warmup-steps"), "--log-every", "2", "--save-every",
                "1", "--warmup-steps", "2", "--decay-fraction", "0.5", "--time-budget", "20s"]
-    r = tiny_lm("train", *command, "--output-dir", str(out))
+    r = tiny_lm("train", *command, "--output-dir", str(out), process=True)  # a whole process in its budget
     assert r.returncode == 0, r.stderr
     assert "| steps set by its time budget" in r.stdout and str(10**9) not in r.stdout  # the model line says so
     summary = json.loads((out / "training_summary.json").read_text())
@@ -146,7 +146,7 @@ def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
     later = [f"checkpoint_step_{s}" for s in steps_on_disk(out) if s > inside[0]]
     for name in [*later, "final_checkpoint", "best_checkpoint"]:
         shutil.rmtree(stopped / name, ignore_errors=True)
-    r = tiny_lm("train", *command, "--output-dir", str(stopped))
+    r = tiny_lm("train", *command, "--output-dir", str(stopped), process=True)
     assert r.returncode == 0, r.stderr
     assert f"at step {inside[0]} of {last}" in r.stdout, r.stdout
     for whole, resumed in zip(params(out / f"checkpoint_step_{last}"), params(stopped / f"checkpoint_step_{last}")):
