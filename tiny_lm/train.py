@@ -761,6 +761,7 @@ def _training_steps(model: Transformer, optimizer: nnx.Optimizer, cfg: TrainConf
     step = train_step if decaying is None else partial(train_step, decay=decay_data(schedule))
     return train_step, step, make_eval_step(model, optimizer), state
 
+# %% ../nbs/04_train.ipynb #31883015
 def fit(
     model: Transformer, optimizer: nnx.Optimizer, batches, cfg: TrainConfig, total_steps: int,
     val_batches: Sequence[np.ndarray] = (),  # fixed validation batches (none: no evaluation)
