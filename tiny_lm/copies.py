@@ -316,14 +316,15 @@ class _Retention:
 # %% ../nbs/06a_copies.ipynb #11fe8e02
 class _Retrying:
     "Retries with back-off, and what a `Mirror` does once a destination stays down."
-    def _retry(self, fn, what: str) -> bool:
-        ("Call `fn`, retrying with back-off; once a copy has failed for good, "
-         "the next ones try once each until one succeeds.")
+    def _retry(self, fn, what: str, writes: bool = True) -> bool:
+        ("Call `fn`, retrying with back-off; once a copy has failed for good, the next ones try once each until one "
+         "succeeds. `writes`: whether `fn`'s success shows the destination takes writes again (a listing does not: "
+         "S3 lists a deleted bucket as empty).")
         for attempt, delay in enumerate((*(() if self.down else self.delays), None), 1):
             try:
                 fn()
                 self.failed.pop(what, None)
-                self.down = False
+                self.down = self.down and not writes
                 return True
             except Exception as e:
                 reason = self.dest.say_error(e)
@@ -356,11 +357,11 @@ class _Copier:
                                    if step_of(k) is None or step is None or step_of(k) > step}
                     self.copy_run_files()
                     if step is not None:
-                        self._retry(lambda: self._prune(name), "the pruning of old copies")
+                        self._retry(lambda: self._prune(name), "the pruning of old copies", writes=False)
             finally:
                 shutil.rmtree(snap, ignore_errors=True)
         if self.copied:  # the run's saves have all ended: prune once more, after Orbax's own last pruning
-            self._retry(lambda: self._prune(None), "the pruning of old copies")
+            self._retry(lambda: self._prune(None), "the pruning of old copies", writes=False)
 
 # %% ../nbs/06a_copies.ipynb #10d9d712
 class Mirror(_Watcher, _Copier, _Retrying, _StepCopies, _RunFiles, _Retention):
