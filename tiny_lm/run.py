@@ -240,8 +240,10 @@ def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig,
     batches = StreamingBatches(source, tokenizer, seq_len, B, train_cfg.seed, data_cfg.stride,
                                data_cfg.shuffle_buffer_size, data_cfg.workers, **process)
     per_epoch = source.size_bytes / bpt / (data_cfg.stride or seq_len) / global_B if source.size_bytes else None
+    n = data_cfg.workers
+    encoding = f"{n} encoder thread{'s' * (n != 1)}" if n else "encoded on the reading thread"
     return PreparedData(batches, val_batches, unigram_loss(sample, val_targets, vocab), per_epoch,
-                        f"streaming: {data_cfg.workers} encoder thread{'s' * (data_cfg.workers != 1)}, shuffle buffer "
+                        f"streaming: {encoding}, shuffle buffer "
                         f"{data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens; "
                         f"{source.val_description}")
 
