@@ -23,7 +23,7 @@ DATA = Path(__file__).parent / "data"
 JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR")  # check.sh's, for the whole run
              or str(Path(tempfile.gettempdir()) / "tiny_lm_tests_jax_cache"),
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-# The XLA flags the whole test run was given (tests/check.sh: LLVM's optimisations off, to compile faster), with each
+# The XLA flags the whole test run was given (tests/check.sh: compiled for speed of compiling), with each
 # test's count of CPU devices added. Without a count of their own: pytest-xdist's workers inherit the environment
 # that this module gives its process (below), devices counted.
 XLA_BASE = re.sub(r"\s*--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
@@ -313,7 +313,8 @@ def test_streamed_run_resumes_exactly(tmp_path):
     assert "streaming: 2 encoder threads" in r.stdout
     shutil.copytree(whole, split)
     shutil.rmtree(split / "checkpoint_step_4")  # as if the machine had died after step 2
-    resumed = tiny_lm("train", "--resume-from", str(split), "--output-dir", str(split), "--num-workers", "0", "--no-progress")
+    resumed = tiny_lm("train", "--resume-from", str(split), "--output-dir", str(split), "--num-workers", "0",
+                      "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
     assert "at step 2 of 4" in resumed.stdout and "streaming: encoded on the reading thread" in resumed.stdout
     code = ("import numpy as np, jax, sys\nfrom flax import nnx\nfrom tiny_lm import load_checkpoint\n"

@@ -30,8 +30,9 @@ from test_cli import JAX_CACHE, XLA_BASE
 RTOL = 1e-5  # float32 eps 1.2e-7 × a reduction depth of ~10 (sums of 2^8-2^10 terms) × ~8 of room
 NORM_RTOL = 1e-4  # a sum of squares of ~10^5 gradients, sequential on a CPU: eps × sqrt(n) × a few
 ADAM_ATOL = 1e-4  # learning rate 3e-3; measured gaps up to 3e-5 across ISAs after 2-5 steps
-CONFIGS = {  # CI's notebooks: its flags (check.sh's, compiled for speed of compiling) and 8 fake devices; the other one:
-    # XLA's default code generation, another ISA, another device count and one thread, as a user's machine computes
+# CI's notebooks: its flags (check.sh's, compiled for speed of compiling) and 8 fake devices; the other one: XLA's
+# default code generation, another ISA, another device count and one thread, as a user's machine computes
+CONFIGS = {
     "ci": f"{XLA_BASE} --xla_force_host_platform_device_count=8".strip(),
     "other": ("--xla_force_host_platform_device_count=2 "
               "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
