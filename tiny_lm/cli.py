@@ -286,8 +286,12 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
     if not plan.detected and plan.profile != here:
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
-    keep = ("model_preset", "model", "learning_rate", "dropout_rate", "reasons") if sizing else ("model_preset",)
-    return replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given)
+    if sizing:
+        keep = ("model_preset", "model", "learning_rate", "dropout_rate", "reasons")
+        return replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given)
+    shaped = init is not None or args.target_params is not None or bool(given_flags(args, SHAPE_FLAGS))
+    return replace(fitted, model_preset=None if shaped else args.model_preset,  # the model the run builds, named
+                   model=model.to_dict() if shaped else None, overridden=given)
 
 def _fill_unset(args, fitted: Plan) -> None:
     "The batch, rate, save interval, remat, optimizer and steps per call of `fitted`, where the flags left them unset."
