@@ -68,9 +68,23 @@ def _streaming_rate(source, tokenizer: Tokenizer, seq_len: int, batch_size: int,
     first = time.perf_counter() - started
     try:
         _rate(lambda: next(stream), batch_size * seq_len, n_tokens)  # warm-up: drain what the threads made ahead
-        return _rate(lambda: next(stream), batch_size * seq_len, n_tokens), first
+        return _whole_chunks_rate(stream, n_tokens), first
     finally:
         stream.close()
+
+def _whole_chunks_rate(stream: StreamingBatches, n_tokens: int) -> float:
+    ("Tokens/s `stream`'s packer received over whole chunks of documents, at least `n_tokens`: a chunk's tokens arrive "
+     "at once, when it is encoded, so a count of batches that ends inside a chunk times more encoding than it counts "
+     "(on 38 KB documents, chunks of 650 K tokens: 0.74-0.92 of the encode rate by batches, 2 M tokens).")
+    def next_chunk() -> tuple[float, int]:  # batches until the packer has received another chunk
+        read = stream.tokens_read
+        while stream.tokens_read == read:
+            next(stream)
+        return time.perf_counter(), stream.tokens_read
+    (started, first), (now, read) = next_chunk(), (0.0, 0)
+    while read - first < n_tokens:
+        now, read = next_chunk()
+    return (read - first) / (now - started)
 
 # %% ../nbs/08b_bench.ipynb #15b5bb05
 PAIRS = 3  # streams timed, each between two encodings; each figure is the median

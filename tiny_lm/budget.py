@@ -12,8 +12,8 @@ if TYPE_CHECKING:  # types only: train imports this module, so a runtime import 
     from tiny_lm.train import TrainConfig, TrainLog
 
 # %% auto #0
-__all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'BUDGET_AIM', 'EVAL_SHARE', 'crossed', 'run_costs', 'planned_seconds',
-           'budget_steps', 'decay_steps_left', 'eval_batches_for']
+__all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'BUDGET_AIM', 'LANDING', 'EVAL_SHARE', 'crossed', 'run_costs',
+           'planned_seconds', 'budget_steps', 'decay_steps_left', 'replanned_decay', 'eval_batches_for']
 
 # %% ../nbs/04c_budget.ipynb #3c5e7a10
 FORWARD_SHARE = 1 / 3  # a forward pass over some tokens: about a third of a train step's forward and backward
@@ -83,6 +83,23 @@ def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None)
     if later > max(cfg.decay_fraction * (done + wait * K + later), K):
         return None
     return budget_steps(left, done, cfg, costs)
+
+# %% ../nbs/04c_budget.ipynb #eeacbe07
+LANDING = (0.95, 1.0)  # what `--time-budget` promises: a run ends within this share of its budget
+
+def replanned_decay(run: TrainLog, cfg: TrainConfig, total_steps: int, costs: dict) -> int | None:
+    ("At a log step of a decay the clock decided, to end at `total_steps`: where those steps would now end outside "
+     "`LANDING` of the budget, at the step time of the last log intervals (`TrainLog.recent_step_seconds`) and the "
+     "other `costs` (`run_costs`), the steps that fit `BUDGET_AIM` of it again (`budget_steps`); else None.")
+    done, K = run.start_step + run.steps, cfg.steps_per_call
+    if done >= total_steps or len(run.history) < 2:
+        return None
+    costs, elapsed = dict(costs, step=run.recent_step_seconds()), time.perf_counter() - run.started
+    end = elapsed + planned_seconds(-(-(total_steps - done) // K), done, cfg, costs)
+    if LANDING[0] <= end / cfg.time_budget <= LANDING[1]:
+        return None
+    steps = budget_steps(BUDGET_AIM * cfg.time_budget - elapsed, done, cfg, costs)
+    return None if done + steps == total_steps else steps
 
 # %% ../nbs/04c_budget.ipynb #6e2f9b41
 EVAL_SHARE = 0.1  # with a time budget, evaluations' forward passes (the scoring after the run too): at most this share

@@ -34,10 +34,11 @@ from .errors import TinyLMError
 from .tokenizer import EOT, tokenizer_fingerprint
 
 # %% auto #0
-__all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'default_workers',
-           'DataConfig', 'builtin_corpus_files', 'lesson_text', 'file_format', 'source_kind', 'Shard', 'HoldOut',
-           'hold_out_rule', 'hold_out_tail', 'TextSource', 'open_source', 'token_cache_path', 'load_tokens',
-           'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher', 'step_batches']
+__all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'CHUNK_CHARS',
+           'default_workers', 'DataConfig', 'builtin_corpus_files', 'lesson_text', 'file_format', 'source_kind',
+           'Shard', 'HoldOut', 'hold_out_rule', 'hold_out_tail', 'TextSource', 'open_source', 'token_cache_path',
+           'load_tokens', 'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher',
+           'step_batches']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -469,6 +470,10 @@ class _HubShares:
         return self._shares[key]
 
 # %% ../nbs/03_data.ipynb #be5f8ea9
+# a chunk of documents holds at most about this many characters: 256 books (400 KB each) would be 28 M tokens, encoded
+# whole before the first of their batches, several chunks in memory at once (see "Chunks of documents" below)
+CHUNK_CHARS = 4 << 20
+
 class TextSource(_SplitRows, _HubShares):
     "A resolved dataset: the shards of its train and validation splits, and how to read documents from them."
     def __init__(self, cfg: DataConfig, splits: dict[str, list[Shard]], separator: str, fingerprint: dict,
@@ -483,26 +488,28 @@ class TextSource(_SplitRows, _HubShares):
         "Whether this source streams when `DataConfig.streaming` is None: hub datasets and big local ones."
         return self.size_bytes is None or self.size_bytes > STREAM_ABOVE_BYTES
 
-    def chunks(self, which: str, start: dict | None = None, docs_per_chunk: int = 64,
+    def chunks(self, which: str, start: dict | None = None, docs_per_chunk: int = 256,
                process_index: int = 0, process_count: int = 1,
                epochs: int | None = None) -> Iterator[tuple[list[str], dict]]:
-        "Groups of documents of this process's share, each with the position after it; epoch after epoch."
+        ("Groups of documents of this process's share (`docs_per_chunk`, or fewer where they reach `CHUNK_CHARS` "
+         "characters), each with the position after it; epoch after epoch.")
         if process_count > 1 and self._reads_by_node(which):  # a hub stream: read only this process's rows
             yield from self._share(process_index, process_count).chunks(which, start, docs_per_chunk, epochs=epochs)
             return
         pos = dict(start or START)
         limit = self.cfg.max_val_examples if which == "val" else self.cfg.max_train_examples
         while epochs is None or pos["epoch"] < epochs:
-            texts = []
+            texts, chars = [], 0
             for text, s, p, row in self._walk(which, pos):
                 if limit is not None and pos["docs"] >= limit:
                     break
                 pos = {**pos, "shard": s, "pos": p, "row": row, "docs": pos["docs"] + (text is not None)}
                 if text is not None and (row - 1) % process_count == process_index:  # this process's share
                     texts.append(text)
-                if len(texts) == docs_per_chunk:
+                    chars += len(text)
+                if len(texts) == docs_per_chunk or chars >= CHUNK_CHARS:
                     yield texts, _resolved(pos)
-                    texts = []
+                    texts, chars = [], 0
             if not pos["docs"]:  # a whole epoch without a document
                 raise TinyLMError(self._no_text(which))
             pos = {**START, "epoch": pos["epoch"] + 1}
@@ -719,7 +726,7 @@ class _Packer:
                                     process_count=self.spec["process_count"])
         for tokens, position in encode_chunks(chunks, self.tokenizer, self.source.separator, self.num_workers):
             rest, start = np.concatenate([self._rest, tokens]), 0
-            self._position = position
+            self._position, self.tokens_read = position, self.tokens_read + len(tokens)
             while start + self.window <= len(rest):
                 self._rest = rest[start + self.stride:]
                 yield rest[start:start + self.window].copy()
@@ -785,6 +792,7 @@ class StreamingBatches(_Packer, _ShuffleBuffer, _StreamState):
         self.batch_size, self.window, self.stride, self.buffer_size = (
             batch_size, seq_len + 1, stride or seq_len, buffer_size)
         self._position, self._rest, self._buffer, self.batches_done = dict(START), np.zeros(0, np.uint32), [], 0
+        self.tokens_read = 0  # tokens the packer has received from the encoder, this session (`tiny-lm bench data`)
         self._rng = np.random.Generator(np.random.PCG64([seed, process_index]))
         self._iter = None
         if state is not None:

@@ -687,17 +687,12 @@ def _eval_sampler(t: Trainer, tokenizer: Tokenizer) -> Callable | None:
 
 # %% ../nbs/08a_run.ipynb #4fb3b7b9
 def _scoring_tokens(s: RunState, run) -> int:
-    ("The validation tokens the final scoring reads: those an evaluation scored (fewer than all where a time budget's "
-     "share said so); with a budget, no more than what is left of it holds (at least one batch of windows), by "
-     "process 0's clock for every process.")
+    ("The validation tokens the final scoring reads: with a time budget those an evaluation scored (fewer than all "
+     "where the budget's share said so; its clock kept back their time, `SCORING_EVALS`), even in a run that ended "
+     "late: cut to what was left, a late run's figure was one batch's, 958 tokens, too few to compare runs by.")
     if not s.budget:  # twice what the validation batches hold: all of a short validation text, its separators too
         return 2 * sum(len(b) for b in s.data.val_batches) * s.model_cfg.seq_len
-    def fitting() -> int:
-        left = s.budget - (time.perf_counter() - s.started)
-        per_token = SCORING_EVALS * run.forward_seconds() / run.eval_tokens
-        one_batch = len(s.data.val_batches[0]) * s.model_cfg.seq_len // 2  # windows advancing by half a window
-        return max(one_batch, min(run.eval_tokens, int(left / per_token))) if per_token > 0 else run.eval_tokens
-    return on_main_process(fitting)
+    return run.eval_tokens
 
 def _first_text(documents: Iterable[str], chars: int) -> Iterator[str]:
     "The documents up to `chars` characters in all: the last one read cut short."

@@ -25,7 +25,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from .budget import (EVAL_SHARE, FORWARD_COMPILE_SHARE, FORWARD_SHARE, crossed, decay_steps_left,
-                            eval_batches_for, planned_seconds, run_costs)
+                            eval_batches_for, planned_seconds, replanned_decay, run_costs)
 from .cpu import compiler_options, one_all_reduce, release_freed_memory
 from .data import step_batches
 from .errors import TinyLMError, folder_to_write
@@ -435,6 +435,14 @@ class _Costs:
             return self.tokens_per_step / self.tokens_per_sec
         return (time.perf_counter() - self.started - self.paused) / self.steps if self.steps else None
 
+    def recent_step_seconds(self, intervals: int = 3) -> float | None:
+        ("Seconds a step took by the training clock over the last `intervals` log intervals: how fast the machine is "
+         "now (`step_seconds` is the run's average, which moves slowly); `step_seconds` before two log steps.")
+        if len(self.history) < 2:
+            return self.step_seconds()
+        first, last = self.history[max(0, len(self.history) - 1 - intervals)], self.history[-1]
+        return (last["clock"] - first["clock"]) / (last["step"] - first["step"])
+
     def eval_cost(self) -> tuple[float, float]:
         ("Seconds one more evaluation takes, and the seconds of compiling the first one still adds: measured (the mean "
          "of those after the first, which compiled), else estimated from the train step (`FORWARD_SHARE` of a step "
@@ -697,14 +705,21 @@ def _agreed(steps: int | None) -> int | None:
     decide, fewest = _on_any_process(steps is not None, -(BUDGET_STEPS if steps is None else steps))
     return -fewest if decide else None
 
-def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict, done: int, costs: Callable[[], dict]) -> int | None:
-    ("The steps of the decay, at the log step where a run with a time budget starts it; else None. Only log steps "
+def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict, done: int, total_steps: int,
+               costs: Callable[[], dict]) -> int | None:
+    ("The steps of the decay, at the log step where a run with a time budget starts it, or where the machine's speed "
+     "changed so much since that they no longer land within the budget (`replanned_decay`); else None. Only log steps "
      "ask (the step time is measured there), so many processes agree once per log step, not every call.")
-    if not cfg.time_budget or schedule["segments"][-1].get("by_clock") or not run.history:  # no budget, or decided
-        return None
-    if run.history[-1]["step"] != done:
+    if not cfg.time_budget or not run.history or run.history[-1]["step"] != done:
         return None
     plan = costs()
+    if schedule["segments"][-1].get("by_clock"):  # decided: kept, unless it would now end outside the budget
+        steps = _agreed(replanned_decay(run, cfg, total_steps, plan))
+        if steps is not None:  # recorded with the decision
+            decided, now = run.decay_plan or {}, time.perf_counter() - run.started
+            again = dict(at=now, step=done, steps=steps)
+            run.decay_plan = dict(decided, replanned=[*decided.get("replanned", []), again])
+        return steps
     steps = _agreed(decay_steps_left(run, cfg, plan))
     if steps is not None:  # what the clock decided with: the summary of `tiny-lm train` records it
         run.decay_plan = dict(at=time.perf_counter() - run.started, steps=steps, costs=plan,
@@ -712,12 +727,16 @@ def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict, done: int, costs
     return steps
 
 def _decay_now(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict, done: int, total_steps: int, run: TrainLog,
-               bar) -> dict:
-    ("Start the decay at step `done` to end at `total_steps`: the schedule rewritten in place; returns the decay as "
-     "the step's data (`decay_data`).")
+               bar, say: Callable = print) -> dict:
+    ("Start the decay at step `done` to end at `total_steps` (or draw it again from there, and say so): the schedule "
+     "rewritten in place; returns the decay as the step's data (`decay_data`).")
+    again = schedule["segments"][-1].get("by_clock")  # drawn again: the machine's speed changed since
+    if again:
+        say(f"time budget: the steps' time changed, so the decay now ends at step {total_steps}, "
+            f"not {schedule['total_steps']}")
     schedule.update(decay_from(schedule, cfg, done, total_steps))  # the checkpoints from now on record it
     set_schedule(optimizer, cfg, schedule)  # the optimizer `fit` hands back has the rates it trained with
-    run.decay_start, bar.total = done, total_steps
+    run.decay_start, bar.total = run.decay_start if again else done, total_steps
     bar.refresh()
     return decay_data(schedule)
 
@@ -811,9 +830,10 @@ def fit(
                         _save(checkpoint, done, model, optimizer, state, data_state, run, cfg.time_budget)
                 if stop:
                     raise Interrupted(stop, done, saving)
-                if (n := _decay_due(run, cfg, schedule, done, costs)) is not None:  # the same step, given the decay
+                if (n := _decay_due(run, cfg, schedule, done, total_steps, costs)) is not None:  # the same step
                     total_steps = done + n
-                    step = partial(train_step, decay=_decay_now(optimizer, cfg, schedule, done, total_steps, run, bar))
+                    step = partial(train_step, decay=_decay_now(optimizer, cfg, schedule, done, total_steps, run, bar,
+                                                                say))
                     rates = schedule_fn(schedule)
         finally:  # donated buffers: the objects must get the live state back, even after an exception
             loader.close()
