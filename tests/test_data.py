@@ -137,7 +137,7 @@ def test_stream_resumes_exactly(tmp_path, tokenizer, fmt):
     """Snapshots of a stream fed by 2 encoder threads resume to the identical next 5 batches with 1 or 0 threads,
     straight from `snapshot()()` and after a JSON + .npz checkpoint round trip: inside the first buffer fill, after
     several buffers, and around the epoch boundary."""
-    src = open_source(DataConfig(dataset_id=str(WRITERS[fmt](tmp_path, make_docs(1000, seed=1)))))
+    src = open_source(DataConfig(dataset_id=str(WRITERS[fmt](tmp_path, make_docs(240, seed=1)))))
     sb = StreamingBatches(src, tokenizer, SEQ, B, seed=7, buffer_size=BUF, num_workers=2)
     full, snaps, epochs = [], [], []
     try:

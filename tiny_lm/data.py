@@ -470,7 +470,7 @@ class _HubShares:
         return self._shares[key]
 
 # %% ../nbs/03_data.ipynb #be5f8ea9
-# a chunk of documents holds at most about this many characters: 256 books (400 KB each) would be 28 M tokens, encoded
+# a chunk of documents holds at most about this many characters: 64 books (400 KB each) would be 7 M tokens, encoded
 # whole before the first of their batches, several chunks in memory at once (see "Chunks of documents" below)
 CHUNK_CHARS = 4 << 20
 
@@ -488,7 +488,7 @@ class TextSource(_SplitRows, _HubShares):
         "Whether this source streams when `DataConfig.streaming` is None: hub datasets and big local ones."
         return self.size_bytes is None or self.size_bytes > STREAM_ABOVE_BYTES
 
-    def chunks(self, which: str, start: dict | None = None, docs_per_chunk: int = 256,
+    def chunks(self, which: str, start: dict | None = None, docs_per_chunk: int = 64,
                process_index: int = 0, process_count: int = 1,
                epochs: int | None = None) -> Iterator[tuple[list[str], dict]]:
         ("Groups of documents of this process's share (`docs_per_chunk`, or fewer where they reach `CHUNK_CHARS` "
