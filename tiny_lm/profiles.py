@@ -130,9 +130,9 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
 
 # %% ../nbs/04a_profiles.ipynb #d6ab3908
 PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
-# the same, measured for minutes of a 2-core CPU (13_size_sweep): on the built-in corpus nano (3.4 tokens per parameter)
-# beat tiny (0.4) at 2 minutes and tiny (3.5) beat nano (14.0) at 10; on Tiny Shakespeare tiny (1.9, 2.1) beat nano
-# (12.6, 14.9) by 1 % in 108 and 131 s (16_recipe)
+# the same, measured for minutes of a 2-core CPU (13_size_sweep, three seeds): at 2 minutes nano (5.6 tokens per
+# parameter), 0.85 M (2.3) and tiny (1.2) within one standard deviation of each other on the built-in corpus and on
+# Tiny Shakespeare; at 10 minutes tiny (6.6) beat the 1.84 M rung (3.0) by 0.08 nats
 CPU_TOKENS_PER_PARAM = 2
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
