@@ -510,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_ranges(args, args.command + (f" {args.bench}" if args.command == "bench" else ""))
         COMMANDS[args.command](args)
+        sys.stdout.flush()  # what is still buffered, here: a reader gone before it (`| head`) is the case below
     except TinyLMError as e:
         print(f"error: {redact(str(e), [getattr(args, 'azure_sas_token', None)])}", file=sys.stderr)
         return 2
