@@ -81,7 +81,8 @@ def _whole_chunks_rate(stream: StreamingBatches, n_tokens: int) -> float:
         while stream.tokens_read == read:
             next(stream)
         return time.perf_counter(), stream.tokens_read
-    (started, first), (now, read) = next_chunk(), (0.0, 0)
+    started, first = next_chunk()
+    now, read = started, first
     while read - first < n_tokens:
         now, read = next_chunk()
     return (read - first) / (now - started)
