@@ -903,8 +903,8 @@ def shifted_text(path: Path, seed: int = 0) -> Path:
 
 
 def test_the_best_checkpoint_is_the_result_where_validation_rises(tmp_path):
-    """A run whose validation loss rises after its first evaluation: generate, eval and export read best_checkpoint/
-    and say so on stderr; --last reads the newest step, and scores worse."""
+    """A run whose validation loss rises after its first evaluation: its summary scores best_checkpoint/, generate,
+    eval and export read it and say so on stderr; --last reads the newest step, and scores worse."""
     out = tmp_path / "run"
     flags = [*without(SMALL, "--dataset-id", "--vocab-size", "--eval-every", "--save-every"),
              "--dataset-id", str(shifted_text(tmp_path / "words.txt")), "--val-split", "0.25", "--vocab-size", "300",
@@ -919,6 +919,9 @@ def test_the_best_checkpoint_is_the_result_where_validation_rises(tmp_path):
     assert best.returncode == 0, best.stderr
     assert f"validation loss was lowest at step {summary['best_step']}" in best.stderr and "--last" in best.stderr
     assert json.loads(best.stdout)["checkpoint"] == str(out / "best_checkpoint")
+    # the summary's bits per byte are the result's, as eval scores it (the validation text fits one scoring)
+    assert abs(json.loads(best.stdout)["bits_per_byte"] - summary["final_val_bpb"]) < 1e-4, summary
+    assert f"bits per byte (step {summary['best_step']}'s, the best checkpoint's, on" in r.stdout, r.stdout[-800:]
     last = tiny_lm("eval", "--checkpoint", str(out), "--json", "--last")
     assert last.returncode == 0 and "note:" not in last.stderr, last.stderr
     assert json.loads(last.stdout)["bits_per_byte"] > json.loads(best.stdout)["bits_per_byte"]

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # types only: train imports this module, so a runtime import 
     from tiny_lm.train import TrainConfig, TrainLog
 
 # %% auto #0
-__all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'BUDGET_AIM', 'LANDING', 'EVAL_SHARE', 'crossed', 'run_costs',
+__all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'BUDGET_AIM', 'LANDING', 'SPEED_NOISE', 'EVAL_SHARE', 'crossed', 'run_costs',
            'planned_seconds', 'budget_steps', 'decay_steps_left', 'replanned_decay', 'eval_batches_for']
 
 # %% ../nbs/04c_budget.ipynb #3c5e7a10
@@ -86,17 +86,20 @@ def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None)
 
 # %% ../nbs/04c_budget.ipynb #eeacbe07
 LANDING = (0.95, 1.0)  # what `--time-budget` promises: a run ends within this share of its budget
+SPEED_NOISE = 0.15  # a few log intervals' step time moves by this much without the machine's speed changing (2 cores)
 
 def replanned_decay(run: TrainLog, cfg: TrainConfig, total_steps: int, costs: dict) -> int | None:
-    ("At a log step of a decay the clock decided, to end at `total_steps`: where those steps would now end outside "
-     "`LANDING` of the budget, at the step time of the last log intervals (`TrainLog.recent_step_seconds`) and the "
-     "other `costs` (`run_costs`), the steps that fit `BUDGET_AIM` of it again (`budget_steps`); else None.")
+    ("At a log step of a decay the clock decided, to end at `total_steps`: where those steps would now end further "
+     "from `BUDGET_AIM` of the budget than `LANDING` allows, and than `SPEED_NOISE` of the time they still take, at "
+     "the step time of the last log intervals (`TrainLog.recent_step_seconds`) and the other `costs` (`run_costs`), "
+     "the steps that fit `BUDGET_AIM` of it again (`budget_steps`); else None.")
     done, K = run.start_step + run.steps, cfg.steps_per_call
     if done >= total_steps or len(run.history) < 2:
         return None
     costs, elapsed = dict(costs, step=run.recent_step_seconds()), time.perf_counter() - run.started
-    end = elapsed + planned_seconds(-(-(total_steps - done) // K), done, cfg, costs)
-    if LANDING[0] <= end / cfg.time_budget <= LANDING[1]:
+    still = planned_seconds(-(-(total_steps - done) // K), done, cfg, costs)
+    room = max((LANDING[1] - LANDING[0]) / 2 * cfg.time_budget, SPEED_NOISE * still)
+    if abs(elapsed + still - BUDGET_AIM * cfg.time_budget) <= room:
         return None
     steps = budget_steps(BUDGET_AIM * cfg.time_budget - elapsed, done, cfg, costs)
     return None if done + steps == total_steps else steps

@@ -740,10 +740,10 @@ class _ShuffleBuffer:
         windows = self._windows()
         while True:
             batch_BT = np.empty((self.batch_size, self.window), np.int32)
-            for j in range(self.batch_size):
-                while len(self._buffer) < self.buffer_size:
-                    self._buffer.append(next(windows))
-                slot = int(self._rng.integers(len(self._buffer)))
+            while len(self._buffer) < self.buffer_size:
+                self._buffer.append(next(windows))
+            # the rows' slots drawn at once: a draw per row cost 1-2 us, the packer's largest part (33 ns a token -> 16)
+            for j, slot in enumerate(self._rng.integers(self.buffer_size, size=self.batch_size).tolist()):
                 batch_BT[j], self._buffer[slot] = self._buffer[slot], next(windows)
             self.batches_done += 1
             yield batch_BT

@@ -702,9 +702,10 @@ def _first_text(documents: Iterable[str], chars: int) -> Iterator[str]:
         yield doc[:chars]
         chars -= len(doc)
 
-def _score(s: RunState, tokens: int | None, documents: Iterable[str]) -> dict:
-    "Bits per byte of the model on `documents` (up to `tokens` of them), as `tiny-lm eval` scores validation text."
-    return evaluate_text(s.model, s.tokenizer, documents, s.source.separator, max_tokens=tokens,
+def _score(s: RunState, tokens: int | None, documents: Iterable[str], model: nnx.Module | None = None) -> dict:
+    ("Bits per byte of `model` (the run's, unless given) on `documents` (up to `tokens` of them), as `tiny-lm eval` "
+     "scores validation text.")
+    return evaluate_text(s.model if model is None else model, s.tokenizer, documents, s.source.separator, max_tokens=tokens,
                          batch_size=len(s.data.val_batches[0]), put=global_put(s.mesh))
 
 def _compile_scoring(s: RunState) -> float:
@@ -714,14 +715,28 @@ def _compile_scoring(s: RunState) -> float:
     _score(s, None, _first_text(s.source.documents("val"), s.model_cfg.seq_len))
     return time.perf_counter() - started
 
-def _final_score(s: RunState, run) -> dict:
-    ("`_score` on `_scoring_tokens` of the validation text: whole documents, or with a time budget the characters "
-     "they take (the clock kept back the time of that many tokens: the built-in corpus's whole documents made a 20 K "
-     "tokens' scoring read 47 K, 1 % of a 2-minute budget over).")
+def _result_step(s: RunState) -> int:
+    ("The step that is the run's result: the one validation scored lowest where it rose after it (`tiny-lm generate`, "
+     "eval and export read that one), else the last. Every process asks: reading a step through Orbax is a collective.")
+    best = best_step(s.ckpt)
+    return best if best is not None and best < s.total_steps else s.total_steps
+
+def _result_model(s: RunState, step: int) -> nnx.Module:
+    "The model of the run's result `step`: the one in memory at the last step, else a copy with that step's weights."
+    if step == s.total_steps:
+        return s.model
+    model = nnx.clone(s.model)  # the run's own model stays the last step's (`Trainer.model`, the merged LoRA model)
+    restore(s.ckpt, model, step=step)
+    return model
+
+def _final_score(s: RunState, run, step: int) -> dict:
+    ("`_score` of the result `step`'s model on `_scoring_tokens` of the validation text: whole documents, or with a "
+     "time budget the characters they take (the clock kept back the time of that many tokens: the built-in corpus's "
+     "whole documents made a 20 K tokens' scoring read 47 K, 1 % of a 2-minute budget over).")
     tokens, text = _scoring_tokens(s, run), s.source.documents("val")
     if s.budget:  # a long document is not read whole
         text = _first_text(text, math.ceil(tokens * s.bpt))
-    return _score(s, tokens, text)
+    return _score(s, tokens, text, _result_model(s, step))
 
 # %% ../nbs/08a_run.ipynb #64684dd0
 def _summarize(t: Trainer, s: RunState, run) -> dict:
@@ -745,7 +760,9 @@ def _summarize(t: Trainer, s: RunState, run) -> dict:
         "checkpoints": [f"{STEP_PREFIX}_{step}" for step in s.ckpt.steps()],
         "device_info": device_info(),
     }
-    scored = _final_score(s, run)
+    result = _result_step(s)  # the run's bits per byte are its result's, as `tiny-lm eval` would score it
+    summary |= {"result": "best_checkpoint" if result < s.total_steps else "final_checkpoint", "result_step": result}
+    scored = _final_score(s, run, result)
     summary |= {"final_val_bpb": scored["bits_per_byte"], "final_val_bpb_tokens": scored["tokens"],
                 "eval_tokens": run.eval_tokens, "save_seconds": run.save_seconds,
                 "scoring_compile_seconds": s.scoring_compile}
@@ -763,9 +780,6 @@ def _summarize(t: Trainer, s: RunState, run) -> dict:
 def _publish_run(t: Trainer, s: RunState, summary: dict) -> None:
     "best_checkpoint/ and final_checkpoint/ (the seed layout), their copies, and training_summary.json."
     best = best_step(s.ckpt)  # every process: reading a step through Orbax is a collective on many hosts
-    # validation rose after its lowest point: that step is the run's result (`tiny-lm generate`, eval, export read it)
-    summary["result"] = "best_checkpoint" if best is not None and best < s.total_steps else "final_checkpoint"
-    summary["result_step"] = best if summary["result"] == "best_checkpoint" else s.total_steps
     if is_main_process():
         out = t.output_dir
         summary["final_checkpoint"] = str(publish(out, "final_checkpoint", s.total_steps))
@@ -783,8 +797,9 @@ def _publish_run(t: Trainer, s: RunState, summary: dict) -> None:
 def _report(t: Trainer, s: RunState, summary: dict) -> None:
     "The last lines: how good and how fast, the compute-optimal token budget, and a sample."
     mfu = f"MFU {summary['mfu']:.1%}, " if summary["mfu"] is not None else ""
+    of = f"step {summary['result_step']}'s, the best checkpoint's, " if summary["result"] == "best_checkpoint" else ""
     t.say(f"done: val loss {summary['final_val_loss']:.4f} (unigram baseline {s.data.baseline:.4f}), "
-          f"{summary['final_val_bpb']:.3f} bits per byte (on {summary['final_val_bpb_tokens']:,} tokens), "
+          f"{summary['final_val_bpb']:.3f} bits per byte ({of}on {summary['final_val_bpb_tokens']:,} tokens), "
           f"{summary['avg_tokens_per_sec']:,.0f} tokens/s, {mfu}"
           f"{summary['outside_step_fraction']:.1%} of the time outside the compiled step, "
           f"waited for data {summary['data_wait_fraction']:.1%}, {summary['total_time']:.0f} s -> {t.output_dir}")
