@@ -705,7 +705,8 @@ def _first_text(documents: Iterable[str], chars: int) -> Iterator[str]:
 def _score(s: RunState, tokens: int | None, documents: Iterable[str], model: nnx.Module | None = None) -> dict:
     ("Bits per byte of `model` (the run's, unless given) on `documents` (up to `tokens` of them), as `tiny-lm eval` "
      "scores validation text.")
-    return evaluate_text(s.model if model is None else model, s.tokenizer, documents, s.source.separator, max_tokens=tokens,
+    model = s.model if model is None else model
+    return evaluate_text(model, s.tokenizer, documents, s.source.separator, max_tokens=tokens,
                          batch_size=len(s.data.val_batches[0]), put=global_put(s.mesh))
 
 def _compile_scoring(s: RunState) -> float:
