@@ -23,15 +23,15 @@ from .train import TrainConfig
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'PLAN_TOKENS_PER_PARAM',
-           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'FREE_EPOCHS', 'USEFUL_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU',
-           'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP',
-           'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
-           'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory',
-           'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset',
-           'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder', 'preset_named', 'tokens_trained',
-           'effective_tokens', 'size_model', 'dropout_for', 'choose_batch', 'choose_learning_rate',
-           'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead', 'choose_optimizer', 'Plan',
-           'plan_speed', 'step_tokens_for', 'plan_run']
+           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'FREE_EPOCHS', 'USEFUL_EPOCHS', 'OVERFIT_EPOCHS',
+           'TRAIN_SHARE', 'CPU_MFU', 'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE',
+           'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS',
+           'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES',
+           'STEP_OVERHEAD', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware',
+           'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder',
+           'preset_named', 'tokens_trained', 'effective_tokens', 'size_model', 'dropout_for', 'choose_batch',
+           'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
+           'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -139,6 +139,10 @@ CPU_TOKENS_PER_PARAM = 2
 DATA_TOKENS_PER_PARAM = 1.5
 FREE_EPOCHS = 4  # repeating the data up to this often costs little (Muennighoff et al. 2023)
 USEFUL_EPOCHS = 16  # past this many repeats, more returns almost nothing (the same paper)
+# without dropout a model of these sizes overfits past about this many passes (13_size_sweep, Tiny Shakespeare: the
+# tiny preset's validation lowest at 8 passes of 18, then up by 0.65 nats; with dropout 0.1 lowest at 10, with 0.2 still
+# falling at 18, and 0.14 nats below the first)
+OVERFIT_EPOCHS = 8
 TRAIN_SHARE = 0.85  # the share of a time budget a plan expects in training steps: the rest compiles, evaluates, saves
 CPU_MFU = 0.3  # measured: the tiny and small presets on a 2-core CPU, `tiny-lm bench train` (0.32 of the matmul peak)
 BYTES_PER_TOKEN_GUESS = 3.6  # measured: the default 4,096-token tokenizer on the built-in corpus (3.63)
@@ -258,10 +262,11 @@ def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float
     return pick, why
 
 def dropout_for(epochs: float | None) -> float:
-    "Dropout for a run passing `epochs` times over its text: none to USEFUL_EPOCHS, 0.1 to 64, 0.2 past (nanoGPT's 80)."
-    if epochs is None or epochs <= USEFUL_EPOCHS:
+    ("Dropout for a run passing `epochs` times over its text: none to FREE_EPOCHS, 0.1 to OVERFIT_EPOCHS, 0.2 past "
+     "(measured at 18 passes; nanoGPT's Shakespeare recipe has 0.2 at 80).")
+    if epochs is None or epochs <= FREE_EPOCHS:
         return 0.0
-    return 0.1 if epochs <= 4 * USEFUL_EPOCHS else 0.2
+    return 0.1 if epochs <= OVERFIT_EPOCHS else 0.2
 
 # %% ../nbs/04a_profiles.ipynb #3411f66d
 TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an accelerator
@@ -506,8 +511,10 @@ def _run_reason(plan: Plan) -> list[str]:
     lines = [f"the run: about {_million(plan.tokens)} tokens, {plan.steps:,} steps of {step:,.0f} tokens, "
              f"{plan.tokens / plan.params:.1f} tokens per parameter{passes}"]
     if plan.dropout_rate:
-        lines.append(f"dropout {plan.dropout_rate:g}: the data repeats more than {USEFUL_EPOCHS} times, past which "
-                     "more repeats return almost nothing; the best checkpoint by validation is the result")
+        lines.append(f"dropout {plan.dropout_rate:g}: the data repeats more than {FREE_EPOCHS} times"
+                     + (f" (more than {OVERFIT_EPOCHS}, past which a model without dropout overfits)"
+                        if plan.epochs > OVERFIT_EPOCHS else "")
+                     + "; the best checkpoint by validation is the result if validation rises even so")
     return lines
 
 def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelConfig, sized: bool,
@@ -522,7 +529,7 @@ def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelC
     data = length.corpus_tokens
     epochs = tokens / data if tokens is not None and data else None
     plan = replace(plan, params=param_count(cfg), tokens=tokens, steps=math.ceil(tokens / step) if tokens else None,
-                   epochs=epochs, dropout_rate=dropout_for(epochs) if sized else 0.0)
+                   epochs=epochs, dropout_rate=dropout_for(epochs))  # a model given too: repeats all the same
     if not length.given:
         head = ["length: none given, so the device's default run: on a CPU the tiny preset for 600 steps, a first "
                 "look in minutes; on an accelerator the largest preset that trains compute-optimally in "
