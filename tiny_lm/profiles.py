@@ -130,9 +130,9 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
 
 # %% ../nbs/04a_profiles.ipynb #d6ab3908
 PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
-# the same, measured for minutes of a 2-core CPU (13_size_sweep, three seeds): at 2 minutes nano (5.6 tokens per
-# parameter), 0.85 M (2.3) and tiny (1.2) within one standard deviation of each other on the built-in corpus and on
-# Tiny Shakespeare; at 10 minutes tiny (6.6) beat the 1.84 M rung (3.0) by 0.08 nats
+# the same, measured for minutes of a 2-core CPU (13_size_sweep, three seeds): at 2 minutes nano (5 tokens per
+# parameter), 0.85 M (2.3) and tiny (1.2) within about one standard deviation of each other on the built-in corpus and
+# on Tiny Shakespeare; at 10 minutes tiny (6) beat the 1.84 M rung (3) by 0.11 nats, and on Tiny Shakespeare by 0.03
 CPU_TOKENS_PER_PARAM = 2
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
@@ -141,7 +141,7 @@ FREE_EPOCHS = 4  # repeating the data up to this often costs little (Muennighoff
 USEFUL_EPOCHS = 16  # past this many repeats, more returns almost nothing (the same paper)
 # without dropout a model of these sizes overfits past about this many passes (13_size_sweep, Tiny Shakespeare: the
 # tiny preset's validation lowest at 8 passes of 18, then up by 0.65 nats; with dropout 0.1 lowest at 10, with 0.2 still
-# falling at 18, and 0.14 nats below the first)
+# falling at 18, and 0.14 nats below the first); below it dropout cost more than it saved (nano at 6 passes: 0.07 nats)
 OVERFIT_EPOCHS = 8
 TRAIN_SHARE = 0.85  # the share of a time budget a plan expects in training steps: the rest compiles, evaluates, saves
 CPU_MFU = 0.3  # measured: the tiny and small presets on a 2-core CPU, `tiny-lm bench train` (0.32 of the matmul peak)
@@ -262,11 +262,9 @@ def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float
     return pick, why
 
 def dropout_for(epochs: float | None) -> float:
-    ("Dropout for a run passing `epochs` times over its text: none to FREE_EPOCHS, 0.1 to OVERFIT_EPOCHS, 0.2 past "
-     "(measured at 18 passes; nanoGPT's Shakespeare recipe has 0.2 at 80).")
-    if epochs is None or epochs <= FREE_EPOCHS:
-        return 0.0
-    return 0.1 if epochs <= OVERFIT_EPOCHS else 0.2
+    ("Dropout for a run passing `epochs` times over its text: none to OVERFIT_EPOCHS, 0.2 past (measured at 6, 12 "
+     "and 18 passes; nanoGPT's Shakespeare recipe has 0.2 at 80).")
+    return 0.2 if epochs is not None and epochs > OVERFIT_EPOCHS else 0.0
 
 # %% ../nbs/04a_profiles.ipynb #3411f66d
 TOKENS_PER_DEVICE_STEP = 32_768  # tokens per device per optimizer step on an accelerator
@@ -511,10 +509,9 @@ def _run_reason(plan: Plan) -> list[str]:
     lines = [f"the run: about {_million(plan.tokens)} tokens, {plan.steps:,} steps of {step:,.0f} tokens, "
              f"{plan.tokens / plan.params:.1f} tokens per parameter{passes}"]
     if plan.dropout_rate:
-        lines.append(f"dropout {plan.dropout_rate:g}: the data repeats more than {FREE_EPOCHS} times"
-                     + (f" (more than {OVERFIT_EPOCHS}, past which a model without dropout overfits)"
-                        if plan.epochs > OVERFIT_EPOCHS else "")
-                     + "; the best checkpoint by validation is the result if validation rises even so")
+        lines.append(f"dropout {plan.dropout_rate:g}: the data repeats more than {OVERFIT_EPOCHS} times, past which a "
+                     "model without dropout overfits (13_size_sweep); the best checkpoint by validation is the result "
+                     "if validation rises even so")
     return lines
 
 def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelConfig, sized: bool,
