@@ -902,6 +902,21 @@ def shifted_text(path: Path, seed: int = 0) -> Path:
     return path
 
 
+def test_a_fine_tune_gets_the_dropout_its_passes_call_for(trained):
+    """A base fine-tuned on a small text for many passes gets the plan's dropout, as a new model would: the plan's
+    reason, its figure and the model it builds agree; --dropout-rate wins."""
+    out, _ = trained
+    flags = ["plan", "--init-from", str(out), "--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--max-steps", "2000",
+             "--json"]
+    r = tiny_lm(*flags)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["epochs"] > 8 and plan["dropout_rate"] == plan["model"]["dropout_rate"] == 0.2, plan
+    assert any(line.startswith("dropout 0.2: the data repeats") for line in plan["reasons"]), plan["reasons"]
+    given = json.loads(tiny_lm(*flags, "--dropout-rate", "0.05").stdout)
+    assert given["dropout_rate"] == given["model"]["dropout_rate"] == 0.05, given
+
+
 def test_the_best_checkpoint_is_the_result_where_validation_rises(tmp_path):
     """A run whose validation loss rises after its first evaluation: its summary scores best_checkpoint/, generate,
     eval and export read it and say so on stderr; --last reads the newest step, and scores worse."""

@@ -281,7 +281,7 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         args.precision = plan.precision_flag
     model = model_from_args(args, vocab, base=recorded_model({}, init))  # the model the run builds: its batch and rate
     fitted = plan_run(args.profile or "auto", vocab, model=model, length=length)  # (on a CPU: the defaults' batch)
-    if not sizing and init is None and args.dropout_rate is None:  # a model given repeats its data all the same
+    if not sizing and args.dropout_rate is None:  # a model given, or a base fine-tuned, repeats its data all the same
         args.dropout_rate = fitted.dropout_rate or None
     _fill_unset(args, fitted if not sizing else replace(fitted, learning_rate=plan.learning_rate))
     kind = jax.devices()[0].device_kind
