@@ -17,7 +17,7 @@ from tokenizers import Encoding, Tokenizer
 from .tokenizer import EOT, document_separator
 
 # %% auto #0
-__all__ = ['token_dtype', 'encodings_of', 'ids_array', 'tokenize_documents', 'encode_chunks']
+__all__ = ['token_dtype', 'encodings_of', 'ids_array', 'array_spec', 'tokenize_documents', 'encode_chunks']
 
 # %% ../nbs/00a_encoding.ipynb #ae04b194
 def token_dtype(vocab_size: int) -> type:
@@ -40,6 +40,11 @@ def ids_array(encodings: Sequence[Encoding], separator_ids: list[int], dtype: ty
         flat.extend(separator_ids)
     return np.frombuffer(flat, dtype)
 
+def array_spec(tokenizer: Tokenizer, separator: str = EOT) -> tuple[list[int], type]:
+    ("The ids that follow each document (the tokenizer's separator for `EOT`, else none: a string separator is in the "
+     "text) and the dtype of the array.")
+    return document_separator(tokenizer)[0] if separator == EOT else [], token_dtype(tokenizer.get_vocab_size())
+
 def tokenize_documents(
     docs, tokenizer: Tokenizer,
     # EOT: the tokenizer's document separator after every document; else a string appended to each
@@ -47,8 +52,7 @@ def tokenize_documents(
     batch_docs: int = 512,  # documents per call to the Rust encoder
 ) -> np.ndarray:
     "Encode documents into one flat token array, each followed by the separator."
-    sep_ids = document_separator(tokenizer)[0] if separator == EOT else []
-    dtype, parts, docs = token_dtype(tokenizer.get_vocab_size()), [], iter(docs)
+    (sep_ids, dtype), parts, docs = array_spec(tokenizer, separator), [], iter(docs)
     while batch := list(islice(docs, batch_docs)):
         parts.append(ids_array(encodings_of(batch, tokenizer, separator), sep_ids, dtype))
     return np.concatenate(parts) if parts else np.zeros(0, dtype)
@@ -64,8 +68,7 @@ def encode_chunks(
         for texts, pos in chunks:
             yield tokenize_documents(texts, tokenizer, separator), pos
         return
-    sep_ids = document_separator(tokenizer)[0] if separator == EOT else []
-    dtype, pending = token_dtype(tokenizer.get_vocab_size()), deque()
+    (sep_ids, dtype), pending = array_spec(tokenizer, separator), deque()
     encoders = ThreadPoolExecutor(threads, thread_name_prefix="tiny-lm-encode")
     arrays = ThreadPoolExecutor(1, thread_name_prefix="tiny-lm-ids")  # one thread: arrays made in order
     def to_array(encoded: Future) -> np.ndarray:
