@@ -250,14 +250,12 @@ def _sizes_the_model(args, init) -> bool:
     return init is None and not given_flags(args, shape)
 
 def _apply_sized(args, plan: Plan) -> None:
-    "The flags of the model the plan sized (a preset's name, or its shape between presets) and its dropout."
+    "The flags of the model the plan sized: a preset's name, or its shape between presets."
     args.model_preset = plan.model_preset or "tiny"
     if plan.model is not None:
         for flag, field in _SIZED.items():
             if getattr(args, flag) is None:
                 setattr(args, flag, plan.model[field])
-    if args.dropout_rate is None and plan.dropout_rate:
-        args.dropout_rate = plan.dropout_rate
 
 # %% ../nbs/09_cli.ipynb #9c979b7f
 def apply_profile(args, saved: dict, init) -> Plan | None:
@@ -281,8 +279,8 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         args.precision = plan.precision_flag
     model = model_from_args(args, vocab, base=recorded_model({}, init))  # the model the run builds: its batch and rate
     fitted = plan_run(args.profile or "auto", vocab, model=model, length=length)  # (on a CPU: the defaults' batch)
-    if not sizing and args.dropout_rate is None:  # a model given, or a base fine-tuned, repeats its data all the same
-        args.dropout_rate = fitted.dropout_rate or None
+    if args.dropout_rate is None:  # the repeats' dropout: a model sized, given or fine-tuned repeats its data alike
+        args.dropout_rate = (plan if sizing else fitted).dropout_rate or None
     _fill_unset(args, fitted if not sizing else replace(fitted, learning_rate=plan.learning_rate))
     kind = jax.devices()[0].device_kind
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
