@@ -12,8 +12,9 @@ if TYPE_CHECKING:  # types only: train imports this module, so a runtime import 
     from tiny_lm.train import TrainConfig, TrainLog
 
 # %% auto #0
-__all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'BUDGET_AIM', 'LANDING', 'SPEED_NOISE', 'EVAL_SHARE', 'crossed', 'run_costs',
-           'planned_seconds', 'budget_steps', 'decay_steps_left', 'replanned_decay', 'eval_batches_for']
+__all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'BUDGET_AIM', 'LANDING', 'SPEED_NOISE', 'RECENT_SHARE', 'EVAL_SHARE',
+           'crossed', 'run_costs', 'planned_seconds', 'budget_steps', 'decay_steps_left', 'replanned_decay',
+           'eval_batches_for']
 
 # %% ../nbs/04c_budget.ipynb #3c5e7a10
 FORWARD_SHARE = 1 / 3  # a forward pass over some tokens: about a third of a train step's forward and backward
@@ -87,16 +88,18 @@ def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None)
 # %% ../nbs/04c_budget.ipynb #eeacbe07
 LANDING = (0.95, 1.0)  # what `--time-budget` promises: a run ends within this share of its budget
 SPEED_NOISE = 0.15  # a few log intervals' step time moves by this much without the machine's speed changing (2 cores)
+RECENT_SHARE = 0.05  # the step time is measured over at least this share of the budget (and 3 log intervals)
 
 def replanned_decay(run: TrainLog, cfg: TrainConfig, total_steps: int, costs: dict) -> int | None:
     ("At a log step of a decay the clock decided, to end at `total_steps`: where those steps would now end further "
      "from `BUDGET_AIM` of the budget than `LANDING` allows, and than `SPEED_NOISE` of the time they still take, at "
-     "the step time of the last log intervals (`TrainLog.recent_step_seconds`) and the other `costs` (`run_costs`), "
+     "the step time of the last `RECENT_SHARE` of the budget (`TrainLog.recent_step_seconds`) and the other `costs`, "
      "the steps that fit `BUDGET_AIM` of it again (`budget_steps`); else None.")
     done, K = run.start_step + run.steps, cfg.steps_per_call
     if done >= total_steps or len(run.history) < 2:
         return None
-    costs, elapsed = dict(costs, step=run.recent_step_seconds()), time.perf_counter() - run.started
+    now = run.recent_step_seconds(seconds=RECENT_SHARE * cfg.time_budget)
+    costs, elapsed = dict(costs, step=now), time.perf_counter() - run.started
     still = planned_seconds(-(-(total_steps - done) // K), done, cfg, costs)
     room = max((LANDING[1] - LANDING[0]) / 2 * cfg.time_budget, SPEED_NOISE * still)
     if abs(elapsed + still - BUDGET_AIM * cfg.time_budget) <= room:

@@ -435,12 +435,16 @@ class _Costs:
             return self.tokens_per_step / self.tokens_per_sec
         return (time.perf_counter() - self.started - self.paused) / self.steps if self.steps else None
 
-    def recent_step_seconds(self, intervals: int = 3) -> float | None:
-        ("Seconds a step took by the training clock over the last `intervals` log intervals: how fast the machine is "
-         "now (`step_seconds` is the run's average, which moves slowly); `step_seconds` before two log steps.")
+    def recent_step_seconds(self, intervals: int = 3, seconds: float = 0.0) -> float | None:
+        ("Seconds a step took by the training clock over the last `intervals` log intervals, or over more where those "
+         "took under `seconds` of it: how fast the machine is now (`step_seconds` is the run's average, which moves "
+         "slowly); `step_seconds` before two log steps.")
         if len(self.history) < 2:
             return self.step_seconds()
-        first, last = self.history[max(0, len(self.history) - 1 - intervals)], self.history[-1]
+        last, i = self.history[-1], max(0, len(self.history) - 1 - intervals)
+        while i > 0 and last["clock"] - self.history[i]["clock"] < seconds:
+            i -= 1
+        first = self.history[i]
         return (last["clock"] - first["clock"]) / (last["step"] - first["step"])
 
     def eval_cost(self) -> tuple[float, float]:
