@@ -23,15 +23,15 @@ from .train import TrainConfig
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'PLAN_TOKENS_PER_PARAM',
-           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'FREE_EPOCHS', 'USEFUL_EPOCHS', 'OVERFIT_EPOCHS',
-           'TRAIN_SHARE', 'CPU_MFU', 'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE',
-           'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS',
-           'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL', 'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES',
-           'STEP_OVERHEAD', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware',
-           'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder',
-           'preset_named', 'tokens_trained', 'effective_tokens', 'size_model', 'dropout_for', 'choose_batch',
-           'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
-           'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
+           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'OVERFIT_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU',
+           'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP',
+           'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
+           'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory',
+           'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset',
+           'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder', 'preset_named', 'tokens_trained',
+           'effective_tokens', 'size_model', 'dropout_for', 'choose_batch', 'choose_learning_rate',
+           'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead', 'choose_optimizer', 'Plan',
+           'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -140,8 +140,6 @@ CPU_TOKENS_PER_PARAM = 3.5
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
 DATA_TOKENS_PER_PARAM = 1.5
-FREE_EPOCHS = 4  # repeating the data up to this often costs little (Muennighoff et al. 2023)
-USEFUL_EPOCHS = 16  # past this many repeats, more returns almost nothing (the same paper)
 # without dropout a model of these sizes overfits past about this many passes (13_size_sweep, Tiny Shakespeare: the
 # tiny preset's validation lowest at 8 passes of 18, then up by 0.65 nats; with dropout 0.1 lowest at 10, with 0.2 still
 # falling at 18, and 0.14 nats below the first); below it dropout cost more than it saved (nano at 6 passes: 0.07 nats)
