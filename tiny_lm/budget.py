@@ -5,6 +5,7 @@
 # %% ../nbs/04c_budget.ipynb #871a6754
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -12,9 +13,9 @@ if TYPE_CHECKING:  # types only: train imports this module, so a runtime import 
     from tiny_lm.train import TrainConfig, TrainLog
 
 # %% auto #0
-__all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'BUDGET_AIM', 'LANDING', 'SPEED_NOISE', 'RECENT_SHARE', 'EVAL_SHARE',
-           'crossed', 'run_costs', 'planned_seconds', 'budget_steps', 'decay_steps_left', 'replanned_decay',
-           'eval_batches_for']
+__all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'LANDING', 'BUDGET_AIM', 'SPEED_NOISE', 'RECENT_SHARE', 'EVAL_SHARE',
+           'crossed', 'run_costs', 'planned_seconds', 'budget_steps', 'landing_steps', 'decay_steps_left',
+           'replanned_decay', 'eval_batches_for']
 
 # %% ../nbs/04c_budget.ipynb #3c5e7a10
 FORWARD_SHARE = 1 / 3  # a forward pass over some tokens: about a third of a train step's forward and backward
@@ -29,14 +30,14 @@ def crossed(before: int, done: int, every: int) -> bool:
 def run_costs(run: TrainLog, after_evals: float = 0.0, saving: bool = True) -> dict:
     ("What the rest of a run costs, in seconds, as measured so far (`budget_steps`'s `costs`): a `step` (steady), an "
      "`eval` and the `eval_compile` the first one still adds (`TrainLog.eval_cost`), a `save` (`TrainLog.save_cost`), "
-     "the time `since_save`, and `after` the last step: the last save's write (`TrainLog.save_write`) and "
-     "`after_evals` evaluations' worth of forward passes (`tiny-lm train` scores the validation text, with a program "
-     "it compiled before the run).")
+     "the time `since_save`, and `after` the last step: the last save's write (`TrainLog.save_write`), the last "
+     "drawing of loss.png (as long as the one before: `TrainLog.plot_seconds`) and `after_evals` evaluations' worth of "
+     "forward passes (`tiny-lm train` scores the validation text, with a program it compiled before the run).")
     each, eval_compile = run.eval_cost()
     save = run.save_cost() if saving else 0.0
     # the last save's write is waited for after the loop: as long as the first one's (a save not seen yet: its call)
     write = run.save_write if saving and run.save_write is not None else save
-    after = write + after_evals * run.forward_seconds()
+    after = write + run.plot_seconds + after_evals * run.forward_seconds()
     return dict(step=run.step_seconds(), eval=each, eval_compile=eval_compile, save=save,
                 since_save=time.perf_counter() - run.last_save, after=after)
 
@@ -66,9 +67,20 @@ def budget_steps(left: float, done: int, cfg: TrainConfig, costs: dict) -> int:
         low, high = (mid, high) if planned_seconds(mid, done, cfg, costs) <= left else (low, mid - 1)
     return low * cfg.steps_per_call
 
-# a time budget's run plans to end at this share of it: the middle of what `--time-budget` promises (95-100 %), so an
-# error of the plan either way, up to 2.5 % of the budget (the machine's speed changing after it), still lands there
-BUDGET_AIM = 0.975
+LANDING = (0.95, 1.0)  # what `--time-budget` promises: a run ends within this share of its budget
+# a time budget's run plans to end by this share of it: the middle of what `--time-budget` promises, so an error of the
+# plan either way, up to 2.5 % of the budget (the machine's speed changing after it), still lands there
+BUDGET_AIM = sum(LANDING) / 2
+
+def landing_steps(left: float, done: int, cfg: TrainConfig, costs: dict) -> int:
+    ("The steps from step `done` that a plan of `left` seconds to `BUDGET_AIM` of the budget takes: the most that fit "
+     "it (`budget_steps`) less those that end it `hypot(F, h) - F` seconds early, where F is the time they would take "
+     "and h the half-width of `LANDING`: so that they may take x times as long or 1/x as long and still land in it, "
+     "for x = (h + hypot(F, h)) / F (a plan ending at the aim lands at 1 + h / F times as long, 1 - h / F as short).")
+    steps = budget_steps(left, done, cfg, costs)
+    foreseen = planned_seconds(steps // cfg.steps_per_call, done, cfg, costs)
+    half = (LANDING[1] - LANDING[0]) / 2 * cfg.time_budget
+    return budget_steps(left - (math.hypot(foreseen, half) - foreseen), done, cfg, costs)
 
 def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None) -> int | None:
     ("After a call of a run with a time budget: None while the peak holds, else the steps of its decay: as many as "
@@ -83,10 +95,9 @@ def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None)
     later = budget_steps(left - planned_seconds(wait, done, cfg, costs, last=False), done + wait * K, cfg, costs)
     if later > max(cfg.decay_fraction * (done + wait * K + later), K):
         return None
-    return budget_steps(left, done, cfg, costs)
+    return landing_steps(left, done, cfg, costs)
 
 # %% ../nbs/04c_budget.ipynb #eeacbe07
-LANDING = (0.95, 1.0)  # what `--time-budget` promises: a run ends within this share of its budget
 SPEED_NOISE = 0.15  # a few log intervals' step time moves by this much without the machine's speed changing (2 cores)
 RECENT_SHARE = 0.05  # the step time is measured over at least this share of the budget (and 3 log intervals)
 
@@ -104,7 +115,7 @@ def replanned_decay(run: TrainLog, cfg: TrainConfig, total_steps: int, costs: di
     room = max((LANDING[1] - LANDING[0]) / 2 * cfg.time_budget, SPEED_NOISE * still)
     if abs(elapsed + still - BUDGET_AIM * cfg.time_budget) <= room:
         return None
-    steps = budget_steps(BUDGET_AIM * cfg.time_budget - elapsed, done, cfg, costs)
+    steps = landing_steps(BUDGET_AIM * cfg.time_budget - elapsed, done, cfg, costs)
     return None if done + steps == total_steps else steps
 
 # %% ../nbs/04c_budget.ipynb #6e2f9b41

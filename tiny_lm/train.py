@@ -504,6 +504,8 @@ class TrainLog(_Rates, _Costs):
     decay_start: int | None = None  # a time budget's run: the step its clock started the decay at
     # and when (seconds into the loop), its steps, the `costs` it planned with, and the `seconds` it planned to the end
     decay_plan: dict | None = None
+    plotted: float = -math.inf  # perf_counter() when loss.png was last drawn
+    plot_seconds: float = 0.0  # how long that drawing took (a time budget keeps it back for the one at the end)
 
     @property
     def eval_seconds(self) -> float:
@@ -654,13 +656,18 @@ def _paused(run: TrainLog, times: list[float]):
     run.paused += times[-1]
 
 # %% ../nbs/04_train.ipynb #030e254c
+# loss.png is redrawn at an evaluation at most this often, and at the end: a drawing takes 0.1-0.3 s on a CPU (0.8 s
+# the first, importing matplotlib), and a 30 s run of an 8-layer model evaluating every 10 steps spent 5.4 s of it
+# drawing, at each of its 36 evaluations
+PLOT_SECONDS = 30.0
+
 def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_path: Path | None, say: Callable,
               live: LivePlot | None, on_eval: Callable | None, model: Transformer, optimizer: nnx.Optimizer, state):
     "Record an evaluation (in `run`, metrics.jsonl, loss.png, a printed line, the live plot), then call `on_eval`."
     run.evals.append(dict(step=done, val_loss=val_loss))
     _write_jsonl(metrics_path, run.evals[-1])
-    if metrics_path is not None:
-        plot_losses(metrics_path)
+    if metrics_path is not None and time.perf_counter() - run.plotted >= PLOT_SECONDS:
+        _draw(run, metrics_path)
     say(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {val_loss:.4f}")
     release_freed_memory()  # what the evaluation (its compiling, the first time) and the last save freed goes back
     if live:
@@ -687,11 +694,18 @@ def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Op
         run.save_write = time.perf_counter() - written
     run.last_save = time.perf_counter()
 
+def _draw(run: TrainLog, metrics_path: Path, stale_only: bool = False) -> None:
+    "Draw loss.png from metrics.jsonl (`plot_losses`): `run.plotted` says when, `run.plot_seconds` how long it took."
+    import matplotlib.figure  # noqa: F401 (imported once, in 0.5 s: a cost of the run, not of each drawing)
+    started = time.perf_counter()
+    plot_losses(metrics_path, stale_only=stale_only)
+    run.plotted, run.plot_seconds = time.perf_counter(), time.perf_counter() - started
+
 def _finish(run: TrainLog, loader, metrics_path: Path | None) -> TrainLog:
     "The finished run's totals (wall time, time waiting for data), and loss.png drawn from all of metrics.jsonl."
     run.seconds, run.data_wait = time.perf_counter() - run.started, loader.waited
     if metrics_path is not None and metrics_path.exists():
-        plot_losses(metrics_path, stale_only=True)
+        _draw(run, metrics_path, stale_only=True)
     return run
 
 # %% ../nbs/04_train.ipynb #2123b1ab
