@@ -220,7 +220,8 @@ def run_config_from_args(args) -> RunConfig:
 
 # %% ../nbs/09_cli.ipynb #e93cf368
 _PLANNED = ("model_preset", "precision", "batch_size", "gradient_accumulation_steps", "learning_rate",  # each given
-            "save_every_minutes", "steps_per_call", "remat", "optimizer", "use_mixed_precision")  # wins over the plan
+            "save_every_minutes", "steps_per_call", "remat", "optimizer", "use_mixed_precision",  # wins over
+            "dropout_rate")  # the plan
 _SIZED = {"d_model": "d_model", "num_layers": "n_layer", "num_heads": "n_head", "d_ff": "d_ff", "seq_len": "seq_len"}
 
 def _planned_vocab(args, init) -> int:
@@ -288,10 +289,18 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
     if sizing:
         keep = ("model_preset", "model", "learning_rate", "dropout_rate", "reasons")
-        return replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given)
+        return _given_dropout(replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given), args)
     shaped = init is not None or args.target_params is not None or bool(given_flags(args, SHAPE_FLAGS))
-    return replace(fitted, model_preset=None if shaped else args.model_preset,  # the model the run builds, named
-                   model=model.to_dict() if shaped else None, overridden=given)
+    return _given_dropout(replace(fitted, model_preset=None if shaped else args.model_preset,  # the model, named
+                                  model=model.to_dict() if shaped else None, overridden=given), args)
+
+def _given_dropout(plan: Plan, args) -> Plan:
+    ("`plan`, its reasons ending with the dropout the run trains with where `--dropout-rate` gave another than the "
+     "plan's (the banner's line shows the plan's picks, and names the flags that won over them)")
+    if "--dropout-rate" not in plan.overridden or args.dropout_rate == plan.dropout_rate:
+        return plan
+    why = f"dropout {args.dropout_rate:g}: given (--dropout-rate), where the plan's is {plan.dropout_rate:g}"
+    return replace(plan, reasons=(*plan.reasons, why))
 
 def _fill_unset(args, fitted: Plan) -> None:
     "The batch, rate, save interval, remat, optimizer and steps per call of `fitted`, where the flags left them unset."
