@@ -72,6 +72,10 @@ LANDING = (0.95, 1.0)  # what `--time-budget` promises: a run ends within this s
 # plan either way, up to 2.5 % of the budget (the machine's speed changing after it), still lands there
 BUDGET_AIM = sum(LANDING) / 2
 
+def _half_band(cfg: TrainConfig) -> float:
+    "Seconds from `BUDGET_AIM` of the budget to either edge of `LANDING`."
+    return (LANDING[1] - LANDING[0]) / 2 * cfg.time_budget
+
 def landing_steps(left: float, done: int, cfg: TrainConfig, costs: dict) -> int:
     ("The steps from step `done` that a plan of `left` seconds to `BUDGET_AIM` of the budget takes: the most that fit "
      "it (`budget_steps`) less those that end it `hypot(F, h) - F` seconds early, where F is the time they would take "
@@ -79,7 +83,7 @@ def landing_steps(left: float, done: int, cfg: TrainConfig, costs: dict) -> int:
      "for x = (h + hypot(F, h)) / F (a plan ending at the aim lands at 1 + h / F times as long, 1 - h / F as short).")
     steps = budget_steps(left, done, cfg, costs)
     foreseen = planned_seconds(steps // cfg.steps_per_call, done, cfg, costs)
-    half = (LANDING[1] - LANDING[0]) / 2 * cfg.time_budget
+    half = _half_band(cfg)
     return budget_steps(left - (math.hypot(foreseen, half) - foreseen), done, cfg, costs)
 
 def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None) -> int | None:
@@ -112,7 +116,7 @@ def replanned_decay(run: TrainLog, cfg: TrainConfig, total_steps: int, costs: di
     now = run.recent_step_seconds(seconds=RECENT_SHARE * cfg.time_budget)
     costs, elapsed = dict(costs, step=now), time.perf_counter() - run.started
     still = planned_seconds(-(-(total_steps - done) // K), done, cfg, costs)
-    room = max((LANDING[1] - LANDING[0]) / 2 * cfg.time_budget, SPEED_NOISE * still)
+    room = max(_half_band(cfg), SPEED_NOISE * still)
     if abs(elapsed + still - BUDGET_AIM * cfg.time_budget) <= room:
         return None
     steps = landing_steps(BUDGET_AIM * cfg.time_budget - elapsed, done, cfg, costs)
