@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from test_cli import ENV, SMALL, tiny_lm, without
+from test_cli import DATA, ENV, SMALL, tiny_lm, without
 from test_faults import steps_on_disk
 
 PEAK, WARMUP = 3e-3, 3  # --warmup-steps 50 on a 30-step run: at most a tenth of it
@@ -164,3 +164,26 @@ def params(checkpoint) -> list:
     from tiny_lm.checkpoint import load_checkpoint
     model, _, _ = load_checkpoint(checkpoint)
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
+
+
+def test_a_sized_run_on_little_text_ends_after_sixteen_passes_not_at_its_budget(tmp_path):
+    """`--time-budget` alone, the model sized by the plan, on text that the time would pass over far more than 16
+    times: the run ends after 16 passes (the plan's `--epochs`, 04a_profiles' MAX_EPOCHS), long before its budget,
+    decays to the end rate on its own steps (its clock never decides), and says so in the banner and at the end."""
+    text = tmp_path / "plays.txt"  # 4 KB of the fixture: 16 passes in 7 steps (15 KB took 34 s at the 5,000 tokens/s
+    text.write_text((DATA / "tiny_shakespeare.txt").read_text()[:4_000])  # of the tests' unoptimised XLA)
+    out = tmp_path / "run"
+    r = tiny_lm("train", "--dataset-id", str(text), "--val-split", "0.2", "--vocab-size", "384", "--time-budget", "10m",
+                "--no-progress", "--sample-tokens", "0", "--log-every", "1", "--output-dir", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "plan: passes: the run ends after 16 passes over the data" in r.stdout, r.stdout
+    assert "or its time budget, whichever ends first" in r.stdout, r.stdout  # the model line: both ends
+    assert "time budget: the run ended by its 16 passes over the data (the plan) first" in r.stdout, r.stdout
+    summary = json.loads((out / "training_summary.json").read_text())
+    print({k: summary[k] for k in ("epochs", "total_steps", "budget_used", "total_time", "compile_seconds",
+                                   "eval_seconds", "scoring_compile_seconds")})
+    steps = summary["total_steps"]  # whole steps: the first that completes 16 passes
+    assert 16 <= summary["epochs"] < 16 * steps / (steps - 1) and summary["budget_used"] < 0.5, summary
+    assert summary["decay_start"] is None and summary["decay_plan"] is None, summary  # the clock never decided
+    lr, last = rates(out), summary["total_steps"]
+    assert last == max(lr) and lr[last] < max(lr.values()) / 5, lr  # decayed by its steps, to the end rate's side

@@ -287,8 +287,11 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
     if not plan.detected and plan.profile != here:
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
+    if sizing and plan.epochs_limit and args.epochs is None:  # the text cannot feed the whole time: passes end it
+        args.epochs = plan.epochs_limit
     if sizing:
-        keep = ("model_preset", "model", "learning_rate", "dropout_rate", "reasons")
+        keep = ("model_preset", "model", "learning_rate", "dropout_rate", "reasons", "tokens", "steps", "epochs",
+                "epochs_limit")
         return _given_dropout(replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given), args)
     shaped = init is not None or args.target_params is not None or bool(given_flags(args, SHAPE_FLAGS))
     return _given_dropout(replace(fitted, model_preset=None if shaped else args.model_preset,  # the model, named
@@ -343,6 +346,7 @@ def plan_report(plan: Plan, model: ModelConfig) -> dict:
     "What `tiny-lm plan --json` prints: the run's estimates, its settings, the model as saved and the reasons."
     return {"profile": plan.profile, "device": plan.device, "num_devices": plan.num_devices,
             "params": param_count(model), "tokens": plan.tokens, "epochs": plan.epochs, "steps": plan.steps,
+            "epochs_limit": plan.epochs_limit,
             "batch_size": plan.batch_size, "gradient_accumulation_steps": plan.gradient_accumulation_steps,
             "seq_len": model.seq_len, "learning_rate": plan.learning_rate, "dropout_rate": model.dropout_rate,
             "optimizer": plan.optimizer, "precision": plan.precision_flag, "steps_per_call": plan.steps_per_call,

@@ -23,15 +23,15 @@ from .train import TrainConfig
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'PLAN_TOKENS_PER_PARAM',
-           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'OVERFIT_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU',
+           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'OVERFIT_EPOCHS', 'MAX_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU',
            'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP',
            'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
            'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory',
            'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset',
            'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder', 'preset_named', 'tokens_trained',
-           'effective_tokens', 'size_model', 'dropout_for', 'choose_batch', 'choose_learning_rate',
-           'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead', 'choose_optimizer', 'Plan',
-           'plan_speed', 'step_tokens_for', 'plan_run']
+           'seconds_for', 'capped', 'effective_tokens', 'size_model', 'dropout_for', 'choose_batch',
+           'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
+           'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -144,6 +144,10 @@ DATA_TOKENS_PER_PARAM = 1.5
 # tiny preset's validation lowest at 8 passes of 18, then up by 0.65 nats; with dropout 0.1 lowest at 10, with 0.2 still
 # falling at 18, and 0.14 nats below the first); below it dropout cost more than it saved (nano at 6 passes: 0.07 nats)
 OVERFIT_EPOCHS = 8
+# a planned run passes over its text at most this many times: by about 16 a repeat is worth almost nothing (Muennighoff
+# et al. 2023) and a model still overfits with dropout 0.2 (13_size_sweep, Tiny Shakespeare for 30 minutes: the 1.18 M
+# and 1.84 M models both lowest at about 16 passes, of 67 and 46, and up after, worse than 10 minutes left them)
+MAX_EPOCHS = 16
 TRAIN_SHARE = 0.85  # the share of a time budget a plan expects in training steps: the rest compiles, evaluates, saves
 CPU_MFU = 0.3  # measured: the tiny and small presets on a 2-core CPU, `tiny-lm bench train` (0.32 of the matmul peak)
 BYTES_PER_TOKEN_GUESS = 3.6  # measured: the default 4,096-token tokenizer on the built-in corpus (3.63)
@@ -209,13 +213,26 @@ def tokens_trained(cfg: ModelConfig, length: Length, speed: tuple[float, float],
                    step_tokens: Callable[[ModelConfig], int]) -> float:
     ("Tokens a run of `cfg` trains in `length`, whichever end comes first: its time (TRAIN_SHARE of it in steps of "
      "`step_tokens(cfg)` tokens, each their FLOPs at `speed[0]` FLOP/s plus `speed[1]` s), its steps, its epochs.")
-    flops, overhead = speed
     step = step_tokens(cfg)
-    ends = [TRAIN_SHARE * length.time_budget / (step * flops_per_token(cfg) / flops + overhead) * step
-            ] if length.time_budget else []
+    ends = [TRAIN_SHARE * length.time_budget / _step_seconds(cfg, step, speed) * step] if length.time_budget else []
     ends += [length.max_steps * step] if length.max_steps else []
     ends += [length.epochs * length.corpus_tokens] if length.epochs and length.corpus_tokens else []
     return min(ends)
+
+def _step_seconds(cfg: ModelConfig, step: int, speed: tuple[float, float]) -> float:
+    "Seconds a step of `step` tokens of `cfg` takes: its FLOPs at `speed[0]` FLOP/s, plus `speed[1]` s."
+    return step * flops_per_token(cfg) / speed[0] + speed[1]
+
+def seconds_for(cfg: ModelConfig, tokens: float, speed: tuple[float, float], step: int) -> float:
+    "Wall time a run of `cfg` training on `tokens` in steps of `step` tokens takes: `tokens_trained`'s inverse."
+    return tokens / step * _step_seconds(cfg, step, speed) / TRAIN_SHARE
+
+def capped(length: Length) -> Length:
+    ("The length a plan sizes for: a time budget alone, on text of known size, ends after MAX_EPOCHS passes too "
+     "(whichever comes first); any other length as given.")
+    if length.time_budget is None or length.max_steps or length.epochs or length.corpus_bytes is None:
+        return length
+    return replace(length, epochs=MAX_EPOCHS)
 
 REPEAT_HALF_LIFE = 15.4  # R*_D of Muennighoff et al. 2023: repeated epochs lose value on this scale
 
@@ -230,6 +247,9 @@ def effective_tokens(tokens: float, corpus_tokens: float | None) -> float:
 def _million(n: float) -> str:
     return f"{n / 1e6:.1f} M" if n >= 1e5 else f"{n / 1e3:.0f} K"
 
+def _span(seconds: float) -> str:
+    return f"{seconds:.2g} s" if seconds < 90 else f"{seconds / 60:.3g} min"
+
 # %% ../nbs/04a_profiles.ipynb #0d8ca04c
 def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float, float], step_tokens: Callable,
                fits: Callable[[ModelConfig], bool],
@@ -240,8 +260,11 @@ def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float
     trained = {id(cfg): tokens_trained(cfg, length, speed, step_tokens) / param_count(cfg) for cfg in fitting}
     worth = {id(cfg): effective_tokens(trained[id(cfg)] * param_count(cfg), length.corpus_tokens) / param_count(cfg)
              for cfg in fitting}
-    limit = lambda cfg: ("the time" if trained[id(cfg)] < per_param else
-                         "the data" if worth[id(cfg)] < DATA_TOKENS_PER_PARAM else None)
+    by_passes = lambda cfg: tokens_trained(cfg, replace(length, time_budget=None), speed, step_tokens) if (
+        length.epochs and length.corpus_tokens) else math.inf  # the tokens its passes end it at
+    limit = lambda cfg: ("the data" if worth[id(cfg)] < DATA_TOKENS_PER_PARAM or trained[id(cfg)] < per_param and
+                         trained[id(cfg)] * param_count(cfg) >= by_passes(cfg) else
+                         "the time" if trained[id(cfg)] < per_param else None)
     good = [cfg for cfg in fitting if limit(cfg) is None]
     pick = good[-1] if good else fitting[0]
     cpu = per_param != PLAN_TOKENS_PER_PARAM
@@ -252,12 +275,14 @@ def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float
            f"al. 2023; nanoGPT's Shakespeare recipe has 1.5): {_million(param_count(pick))} parameters"]
     bigger = [cfg for cfg in fitting if param_count(cfg) > param_count(pick)]
     if not good:
+        more = "more text" if limit(pick) == "the data" else "more time"
         why.append(f"{limit(pick)} limits it even at the smallest model ({trained[id(pick)]:.1f} tokens per parameter, "
-                   f"worth {worth[id(pick)]:.1f}): it is trained anyway; more time or more text would train it better")
+                   f"worth {worth[id(pick)]:.1f}): it is trained anyway; {more} would train it better")
     elif bigger:
         nxt = bigger[0]
+        passes = f" in {length.epochs:g} passes" if trained[id(nxt)] * param_count(nxt) >= by_passes(nxt) else ""
         why.append(f"{limit(nxt)} limits it: the next size up ({_million(param_count(nxt))}) would train on "
-                   f"{trained[id(nxt)]:.1f} tokens per parameter, worth {worth[id(nxt)]:.1f}")
+                   f"{trained[id(nxt)]:.1f} tokens per parameter{passes}, worth {worth[id(nxt)]:.1f}")
     elif len(fitting) < len(ladder):
         why.append("the next size up does not fit the device's memory")
     return pick, why
@@ -351,6 +376,7 @@ class Plan:
     tokens: float | None = None  # to be trained, estimated
     steps: int | None = None  # optimizer steps, estimated where a time budget decides them
     epochs: float | None = None  # passes over the training text, estimated (None: its size is not known)
+    epochs_limit: float | None = None  # the run also ends after this many passes, whichever comes first (`capped`)
     dropout_rate: float = 0.0  # against overfitting where the data must repeat
     reasons: tuple[str, ...] = ()  # why, a line each
 
@@ -472,14 +498,16 @@ def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig |
     hw = detect_hardware() if detected else HARDWARE.get(profile)
     num_devices = num_devices or (jax.device_count() if detected else 1)
     length = length or Length()
+    run = capped(length)  # a sized model's run: the time, or MAX_EPOCHS passes over the text
     sized, why = (None, []) if model is not None or not length.given else _size_for(hw, vocab_size, num_devices,
-                                                                                     length, detected)
+                                                                                     run, detected)
     chosen = model or sized
     plan = (_cpu_plan(num_devices, _ram(), detected, chosen, sized is not None) if hw is None else
             _accelerator_plan(hw, vocab_size, num_devices, detected, chosen))
     if sized is not None:
         name = preset_named(sized)
-        plan = replace(plan, model_preset=name, model=None if name else sized.to_dict())
+        plan = replace(plan, model_preset=name, model=None if name else sized.to_dict(),
+                       epochs_limit=run.epochs if run != length else None)
     return _with_estimates(plan, hw, length, chosen or plan.model_config(vocab_size), sized is not None, why)
 
 # %% ../nbs/04a_profiles.ipynb #e5229760
@@ -515,10 +543,29 @@ def _run_reason(plan: Plan) -> list[str]:
                      "if validation rises even so")
     return lines
 
+def _passes_reason(plan: Plan, length: Length, cfg: ModelConfig, hw: Hardware | None, step: int) -> list[str]:
+    ("Where a time budget alone would pass over the text more than MAX_EPOCHS times: that the run ends there (a "
+     "sized model: `Plan.epochs_limit`), or that --epochs would end it there (a model given).")
+    if plan.epochs is None or not length.time_budget or length.epochs or length.max_steps:
+        return []
+    speed = plan_speed(hw, plan.num_devices)
+    if plan.epochs_limit and (seconds := seconds_for(cfg, plan.tokens, speed, step)) < length.time_budget:
+        return [f"passes: the run ends after {plan.epochs_limit:g} passes over the data, in about "
+                f"{_span(seconds)} of the {_span(length.time_budget)} budget (whichever comes first): past about "
+                f"{MAX_EPOCHS} a repeat is worth almost nothing (Muennighoff et al. 2023) and validation rose even "
+                "with dropout (13_size_sweep); --epochs passes more often"]
+    if plan.epochs_limit is None and plan.epochs > MAX_EPOCHS:
+        seconds = seconds_for(cfg, MAX_EPOCHS * length.corpus_tokens, speed, step)
+        return [f"passes: {plan.epochs:,.0f} over the data, where past about {MAX_EPOCHS} a repeat is worth almost "
+                f"nothing (Muennighoff et al. 2023): --epochs {MAX_EPOCHS} would end the run there, in about "
+                f"{_span(seconds)}"]
+    return []
+
 def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelConfig, sized: bool,
                     why: list[str]) -> Plan:
     "`plan` with the run's estimated tokens, steps, epochs, dropout and the reasons for them."
     run = length if length.given else replace(length, max_steps=TrainConfig().max_steps)
+    run = replace(run, epochs=plan.epochs_limit) if plan.epochs_limit else run
     step = plan.batch_size * plan.gradient_accumulation_steps * cfg.seq_len * (1 if hw is None else plan.num_devices)
     try:
         tokens = tokens_trained(cfg, run, plan_speed(hw, plan.num_devices), lambda c: step)
@@ -535,4 +582,5 @@ def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelC
     else:
         head = [_length_reason(length, hw, plan.num_devices), _data_reason(length)]
         head += why if sized else ["model: given (its flags or a base run): the plan fits its batch and rate"]
-    return replace(plan, reasons=tuple(head + (_run_reason(plan) if tokens else [])))
+    more = _run_reason(plan) + _passes_reason(plan, length, cfg, hw, step) if tokens else []
+    return replace(plan, reasons=tuple(head + more))

@@ -404,6 +404,7 @@ class RunState:
     train_cfg: TrainConfig | None = None
     data: PreparedData | None = None
     total_steps: int = 0
+    last_step: int = 0  # where its steps or epochs end the run (a time budget's clock may end it before)
     mesh: jax.sharding.Mesh | None = None
     model: nnx.Module | None = None
     optimizer: nnx.Optimizer | None = None
@@ -503,7 +504,7 @@ def _prepare_data_and_tokenizer(t: Trainer, s: RunState) -> None:
     if s.data.per_epoch is None and s.train_cfg.epochs is not None:
         raise TinyLMError("--epochs needs the size of the corpus, which a hub stream does not give: use --max-steps")
     accum = s.train_cfg.gradient_accumulation_steps
-    s.total_steps = s.train_cfg.total_steps(s.data.per_epoch / accum if s.data.per_epoch else math.inf)
+    s.total_steps = s.last_step = s.train_cfg.total_steps(s.data.per_epoch / accum if s.data.per_epoch else math.inf)
 
 def _model_config_for(cfg: ModelConfig | Callable | None, vocab_size: int, saved: dict,
                      init: tuple | None) -> ModelConfig:
@@ -615,9 +616,12 @@ def _architecture_flags(model: dict) -> list[str]:
     flags += ["--untied-head"] if not cfg.tie_embeddings else []
     return flags + ([f"--logit-softcap {cfg.logit_softcap:g}"] if cfg.logit_softcap else [])
 
-def steps_said(total_steps: int | None) -> str:
-    "A run's length in words: its steps, or that its time budget decides them (`BUDGET_STEPS`, not yet decided)."
-    return "steps set by its time budget" if total_steps == BUDGET_STEPS else f"{total_steps} steps"
+def steps_said(total_steps: int | None, time_budget: float | None = None) -> str:
+    ("A run's length in words: its steps, or that its time budget decides them (`BUDGET_STEPS`, not yet decided), "
+     "or both, whichever ends first.")
+    if total_steps == BUDGET_STEPS:
+        return "steps set by its time budget"
+    return f"{total_steps} steps" + (" or its time budget, whichever ends first" if time_budget else "")
 
 def _describe_run(t: Trainer, s: RunState) -> None:
     "Three lines before the first step: the model and data, the mesh and effective batch, the compute."
@@ -626,7 +630,7 @@ def _describe_run(t: Trainer, s: RunState) -> None:
     per_epoch = f"{s.data.per_epoch:.0f}" if s.data.per_epoch else "unknown"
     parts = "".join(f", {flag}" for flag in _architecture_flags(cfg.to_dict()))  # beyond the default parts
     t.say(f"model: {count_params(s.model):,} parameters{parts} | data: {s.data.description}, {per_epoch} steps per "
-          f"epoch | unigram baseline {s.data.baseline:.3f} | {steps_said(s.total_steps)}")
+          f"epoch | unigram baseline {s.data.baseline:.3f} | {steps_said(s.total_steps, s.train_cfg.time_budget)}")
     batch = s.train_cfg.batch_size
     if cpu_split() and n == 1:
         per = f"{batch} on the CPU (shared by {s.mesh.devices.size} of its devices)"
@@ -664,7 +668,8 @@ def _train(t: Trainer, s: RunState):
                       val_batches=s.data.val_batches, start_step=s.start, put=batch_put(s.mesh),
                       val_put=global_put(s.mesh), checkpoint=s.ckpt, progress=t.run.progress and main, log=t.say,
                       output_dir=out if main else None, peak=peak_flops(s.model_cfg.dtype),
-                      on_eval=_eval_sampler(t, s.tokenizer), schedule=s.config["schedule"], after_evals=SCORING_EVALS)
+                      on_eval=_eval_sampler(t, s.tokenizer), schedule=s.config["schedule"], after_evals=SCORING_EVALS,
+                      last_step=s.last_step)
             s.total_steps = s.config["schedule"]["total_steps"]  # a time budget's clock may have decided it
             return run
         finally:
@@ -808,6 +813,12 @@ def _report(t: Trainer, s: RunState, summary: dict) -> None:
     t.say(f"token budget: about {budget:,} tokens (20 per parameter) would train this model compute-optimally, "
           f"{duration(budget / rate) if rate else 'unknown time'} at {rate:,.0f} tokens/s; "
           f"this run trained on {summary['total_tokens']:,}")
+    if summary.get("budget_used") is not None and s.total_steps == s.last_step < BUDGET_STEPS:
+        planned = t.profile is not None and t.profile.epochs_limit == s.train_cfg.epochs  # not --epochs: the plan's
+        ends = (f"{s.train_cfg.epochs:g} passes over the data ({'the plan' if planned else '--epochs'})"
+                if s.train_cfg.epochs else "--max-steps")
+        t.say(f"time budget: the run ended by its {ends} first, at {summary['budget_used']:.0%} of its "
+              f"{s.budget:.0f} s")
     if summary["result"] == "best_checkpoint":
         t.say(f"result: validation was lowest at step {summary['result_step']} and rose after it, so "
               f"{t.output_dir / 'best_checkpoint'} is the result: tiny-lm generate, eval and export read it "

@@ -724,21 +724,24 @@ def _agreed(steps: int | None) -> int | None:
     return -fewest if decide else None
 
 def _decay_due(run: TrainLog, cfg: TrainConfig, schedule: dict, done: int, total_steps: int,
-               costs: Callable[[], dict]) -> int | None:
+               costs: Callable[[], dict], last_step: int | None = None) -> int | None:
     ("The steps of the decay, at the log step where a run with a time budget starts it, or where the machine's speed "
      "changed so much since that they no longer land within the budget (`replanned_decay`); else None. Only log steps "
-     "ask (the step time is measured there), so many processes agree once per log step, not every call.")
+     "ask (the step time is measured there), so many processes agree once per log step, not every call. None too "
+     "where the run's own `last_step` (its steps or epochs) comes first: its schedule decays there already.")
     if not cfg.time_budget or not run.history or run.history[-1]["step"] != done:
         return None
-    plan = costs()
+    plan, last = costs(), last_step or total_steps
     if schedule["segments"][-1].get("by_clock"):  # decided: kept, unless it would now end outside the budget
         steps = _agreed(replanned_decay(run, cfg, total_steps, plan))
+        steps = None if steps is None or done + min(steps, last - done) == total_steps else min(steps, last - done)
         if steps is not None:  # recorded with the decision
             decided, now = run.decay_plan or {}, time.perf_counter() - run.started
             again = dict(at=now, step=done, steps=steps)
             run.decay_plan = dict(decided, replanned=[*decided.get("replanned", []), again])
         return steps
     steps = _agreed(decay_steps_left(run, cfg, plan))
+    steps = None if steps is None or done + steps >= last else steps  # the steps end the run before its clock
     if steps is not None:  # what the clock decided with: the summary of `tiny-lm train` records it
         run.decay_plan = dict(at=time.perf_counter() - run.started, steps=steps, costs=plan,
                               seconds=planned_seconds(steps // cfg.steps_per_call, done, cfg, plan))
@@ -819,6 +822,8 @@ def fit(
     # a time budget's run: the caller's scoring after the last step, in evaluations of the validation batches scored,
     # by a program of its own (`tiny-lm train`: 2, its windows overlap by half); the budget keeps its time back
     after_evals: float = 0.0,
+    # the run's own end by its steps or epochs, which a time budget's decay never goes past (default: total_steps)
+    last_step: int | None = None,
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
     K, schedule = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps)
@@ -848,8 +853,8 @@ def fit(
                         _save(checkpoint, done, model, optimizer, state, data_state, run, cfg.time_budget)
                 if stop:
                     raise Interrupted(stop, done, saving)
-                if (n := _decay_due(run, cfg, schedule, done, total_steps, costs)) is not None:  # the same step
-                    total_steps = done + n
+                if (n := _decay_due(run, cfg, schedule, done, total_steps, costs, last_step)) is not None:
+                    total_steps = done + n  # (the same step)
                     step = partial(train_step, decay=_decay_now(optimizer, cfg, schedule, done, total_steps, run, bar,
                                                                 say))
                     rates = schedule_fn(schedule)
