@@ -96,7 +96,10 @@ def decay_steps_left(run: TrainLog, cfg: TrainConfig, costs: dict | None = None)
     costs, K = costs or run_costs(run), cfg.steps_per_call
     done, left = run.start_step + run.steps, BUDGET_AIM * cfg.time_budget - (time.perf_counter() - run.started)
     wait = -(-cfg.log_every // K)  # calls to the next log step, where the clock asks again
-    later = budget_steps(left - planned_seconds(wait, done, cfg, costs, last=False), done + wait * K, cfg, costs)
+    # the first evaluation compiles once: where it falls before the next log step, the steps after are not charged again
+    compiled = _due_count(done, wait, K, cfg.eval_every, last=False) > 0
+    after = dict(costs, eval_compile=0.0) if compiled else costs
+    later = budget_steps(left - planned_seconds(wait, done, cfg, costs, last=False), done + wait * K, cfg, after)
     if later > max(cfg.decay_fraction * (done + wait * K + later), K):
         return None
     return landing_steps(left, done, cfg, costs)
