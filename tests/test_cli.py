@@ -766,14 +766,15 @@ def test_generate_eval_export_bad_input(trained, tmp_path, case):
 
 def test_bench_generate_cache_is_ten_times_faster():
     env = {**ENV, "XLA_FLAGS": ""}  # one CPU device, compiled as a laptop user's is
-    r = tiny_lm("bench", "generate", "--json", env=env)
+    # 128 new tokens, not the default 256: 14.6 times faster cached here (13.4 at 256), in 18 s instead of 24
+    r = tiny_lm("bench", "generate", "--json", "--max-tokens", "128", env=env)
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, r.stdout
     result = json.loads(lines[0])
     for key in ["cached_tokens_per_sec", "uncached_tokens_per_sec", "cached_batch8_tokens_per_sec"]:
         assert result[key] > 0, key
-    assert result["seq_len"] == 128 and result["new_tokens"] == 256
+    assert result["seq_len"] == 128 and result["new_tokens"] == 128
     assert result["cached_tokens_per_sec"] >= 10 * result["uncached_tokens_per_sec"], result
 
 
