@@ -287,9 +287,9 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
     if not plan.detected and plan.profile != here:
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
-    if sizing and plan.epochs_limit and args.epochs is None:  # the text cannot feed the whole time: passes end it
-        args.epochs = plan.epochs_limit
     if sizing:
+        if plan.epochs_limit and args.epochs is None:  # the text cannot feed the whole time: its passes end the run
+            args.epochs = plan.epochs_limit
         keep = ("model_preset", "model", "learning_rate", "dropout_rate", "reasons", "tokens", "steps", "epochs",
                 "epochs_limit")
         return _given_dropout(replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given), args)

@@ -811,22 +811,19 @@ def fit(
     progress: bool = True,  # show a progress bar
     log: Callable = print,  # where evaluation lines go
     output_dir: Path | str | None = None,  # append metrics.jsonl and draw loss.png here (None: neither)
-    # moves a validation batch (the same on every process) onto the devices (default: `put`)
-    val_put: Callable | None = None,
+    val_put: Callable | None = None,  # moves a validation batch (the same on every process) on (default: `put`)
     peak: float | None = None,  # peak FLOP/s of the devices, for MFU (default: `peak_flops` of the compute dtype)
-    # redraw the loss plot below the cell as training runs (None: in a notebook, with `progress`)
-    live_plot: bool | None = None,
+    live_plot: bool | None = None,  # redraw the loss plot below the cell (None: in a notebook, with `progress`)
     on_eval: Callable[[int, Transformer], None] | None = None,  # called as on_eval(step, model) after each evaluation
     # the optimizer's schedule, for the logged rates (default: a new run's); a time budget writes its decay into it
     schedule: dict | None = None,
     # a time budget's run: the caller's scoring after the last step, in evaluations of the validation batches scored,
     # by a program of its own (`tiny-lm train`: 2, its windows overlap by half); the budget keeps its time back
     after_evals: float = 0.0,
-    # the run's own end by its steps or epochs, which a time budget's decay never goes past (default: total_steps)
-    last_step: int | None = None,
+    last_step: int | None = None,  # the run's own end (steps, epochs): a clock's decay never passes it (total_steps)
 ) -> TrainLog:
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
-    K, schedule = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps)
+    K, schedule, last = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps), last_step or total_steps
     release_freed_memory()  # what making the model freed (compiling its init, say) goes back before the step compiles
     train_step, step, eval_step, state = _training_steps(model, optimizer, cfg, schedule)
     rates = schedule_fn(schedule)
@@ -853,7 +850,7 @@ def fit(
                         _save(checkpoint, done, model, optimizer, state, data_state, run, cfg.time_budget)
                 if stop:
                     raise Interrupted(stop, done, saving)
-                if (n := _decay_due(run, cfg, schedule, done, total_steps, costs, last_step)) is not None:
+                if (n := _decay_due(run, cfg, schedule, done, total_steps, costs, last)) is not None:
                     total_steps = done + n  # (the same step)
                     step = partial(train_step, decay=_decay_now(optimizer, cfg, schedule, done, total_steps, run, bar,
                                                                 say))
