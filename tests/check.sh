@@ -30,6 +30,11 @@ header() { printf '\n== check %s ==\n' "$1"; }
 # loops run slower (decoding ~10x). So what users run compiles with XLA's default, and so do the checks of speed and
 # of profiles (test_cli's AS_USERS) and the float-order test's second worker (tests/test_float_order.py).
 export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# A device of a split CPU that waits longer than XLA's 40 s for the others at a collective ends the process (abort,
+# signal 6). Three test workers on two cores slowed one that far once (CI, 2026-11-30: the budget test's 2-device run,
+# "waiting for all reduce ... only 1 of them arrived"); a wait of 120 s is allowed, so that only a wait that does not
+# end (a real deadlock) still fails. It changes nothing computed.
+export XLA_FLAGS="$XLA_FLAGS --xla_cpu_collective_call_terminate_timeout_seconds=120"
 
 # One JAX persistent compilation cache for the whole run, new each run: a program compiled by one notebook or test
 # (same model, same devices, same flags) is loaded by every later one instead of compiled again. Every program is

@@ -77,7 +77,16 @@ def tiny_lm(*args, env=ENV, timeout=300, process=False) -> subprocess.CompletedP
 
 
 def snapshot(folder: Path) -> list:
-    return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*"))
+    """(path, size, modified) of everything under `folder` but the empty folders `.tiny-lm-check-*` that another
+    worker's command makes and removes in a moment (see `unchanged`): CI once listed one and found it gone a moment
+    later, when it asked for its size (2026-11-30)."""
+    seen = []
+    for root, dirs, files in os.walk(folder):  # (os.walk passes over a folder removed while it walks)
+        dirs[:] = [d for d in dirs if not d.startswith(".tiny-lm-check-")]
+        for name in dirs + files:
+            stat = (Path(root) / name).stat()
+            seen.append((str((Path(root) / name).relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+    return sorted(seen)
 
 
 def unchanged(folder: Path, before: list) -> bool:
