@@ -1,5 +1,6 @@
 """Copies of a run elsewhere, end to end: a backup folder and real S3, GCS and Azure emulators on 127.0.0.1 (moto,
 gcp-storage-emulator, azurite), started here. Save, kill -9, lose the machine, resume from the copy alone."""
+import fcntl
 import json
 import os
 import secrets
@@ -41,17 +42,29 @@ def serve(cmd: list, port: int, log: Path, env=None) -> subprocess.Popen:
 
 
 def azurite_blob() -> str:
+    """The azurite emulator's command, installed on first use: by one worker at a time (a lock), tried three times
+    (on a fresh machine both workers' installs failed once, 2026-11-30, and `npm install` of the same package a few
+    minutes later did not), the last failure's npm output in the error."""
     exe = AZURITE / "node_modules" / ".bin" / "azurite-blob"
-    if not exe.exists():
-        npm = shutil.which("npm")
-        assert npm, "the Azure copy test needs Node.js and npm, to run the azurite emulator (npm install azurite@3.35.0)"
-        tmp = AZURITE.with_name(f"{AZURITE.name}.tmp-{os.getpid()}")  # installed aside, then renamed: another worker never sees half
-        subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(tmp), "azurite@3.35.0"],
-                       check=True, timeout=600, capture_output=True)
-        try:
-            tmp.rename(AZURITE)
-        except OSError:  # another worker was first
+    npm = shutil.which("npm")
+    assert exe.exists() or npm, ("the Azure copy test needs Node.js and npm, to run the azurite emulator "
+                                 "(npm install azurite@3.35.0)")
+    AZURITE.parent.mkdir(parents=True, exist_ok=True)
+    with open(AZURITE.with_name(f"{AZURITE.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait here, then find it installed
+        for attempt in range(3):
+            if exe.exists():
+                break
+            tmp = AZURITE.with_name(f"{AZURITE.name}.tmp-{os.getpid()}")  # installed aside, then renamed: never half
             shutil.rmtree(tmp, ignore_errors=True)
+            r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(tmp), "azurite@3.35.0"],
+                               timeout=600, capture_output=True, text=True)
+            if r.returncode == 0:
+                shutil.rmtree(AZURITE, ignore_errors=True)  # (a broken install of an older test run)
+                tmp.rename(AZURITE)
+            else:
+                time.sleep(5 * (attempt + 1))
+        assert exe.exists(), f"npm install azurite@3.35.0 failed three times: {r.stderr[-2000:]}"
     return str(exe)
 
 
