@@ -117,11 +117,13 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
     first evaluation (CI, three tests on two cores, compiling two to three times as slowly: the first evaluation's
     compile still to come when it decided, F 6 s of 20), or so fast that compiling and evaluating take less than a
     third of 20 s (an AMD EPYC: 5.9 s, most of it the three compiles, which do not shrink with the budget), the run is
-    not this case. It runs again, and that run is the one asserted: on the slow machine with a budget 2.2 times what
-    compiling and evaluating took (45 % of it); on the fast one with the same 20 s, its programs compiled with XLA's
-    default optimisations, as users' are (the EPYC: 9.1 and 9.6 s of compiling and evaluating, landed at 0.982 and
-    0.978). A shorter budget is no way to this case there: the evaluations shrink with it (at most a tenth), the
-    compiles and what the plan foresees do not (at 8 s: F 0.60 and 0.68 s, over the 7.5 %; landed at 0.951, 0.944)."""
+    not this case. It runs again (three runs at most), and the last run is the one asserted: where it was too slow,
+    with a budget 2.2 times what compiling and evaluating took (45 % of it); where too fast, its programs compiled
+    with XLA's default optimisations, as users' are (the EPYC: 9.1 and 9.6 s of compiling and evaluating in 20 s,
+    landed at 0.982 and 0.978; a third run where that made the clock decide before its first evaluation, as in a
+    loaded CI run: 13.8 s of 20, F 4.45 s). A shorter budget is no way to this case on a fast machine: the evaluations
+    shrink with it (at most a tenth), the compiles and what the plan foresees do not (at 8 s: F 0.60 and 0.68 s, over
+    the 7.5 %; landed at 0.951 and 0.944)."""
     # a compile cache of its own: the step, the evaluation and the scoring compile here (a cache other tests share may
     # hold them); 20 validation batches (the held-out fifth holds 21), more than a tenth of the budget holds at every
     # 10 steps: the run chooses fewer (5 here), and says so (10 were few enough for a slow CI machine, whose compiling
@@ -129,17 +131,18 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
     # last (in a 30 s budget a save every 10 steps put 1-2 more inside the decay: 1.52 s to foresee once, over the 5 %
     # this asserts); a decay of 3 % (5 % foresaw 1.51 s of 30 once, the first save's write counted: 22 steps and 3
     # evaluations); 20 s: compiling and evaluating took 8.5 and 9.3 s of it in two runs here, F 0.70 and 0.78 s
-    r, out, summary, budget = landing(tmp_path / "first", 20)
-    outside = summary["compile_seconds"] + summary["eval_seconds"] + summary["scoring_compile_seconds"]
-    # not this case where it decided before the first evaluation (a slow machine), or where compiling and evaluating
-    # took less than a third of 20 s (a fast one: 5.9 s on an AMD EPYC, 2026-11-30)
-    if summary["decay_plan"]["costs"]["eval_compile"] > 0:
-        r, out, summary, budget = landing(tmp_path / "again", math.ceil(2.2 * outside))
-    elif outside < budget / 3:  # compiled as users' programs are: more to compile, the same budget
-        r, out, summary, budget = landing(tmp_path / "again", budget, AS_USERS_XLA)
+    budget, xla_flags = 20, None
+    for attempt in range(3):  # until the run is this case
+        r, out, summary, budget = landing(tmp_path / f"run{attempt}", budget, xla_flags)
+        outside = summary["compile_seconds"] + summary["eval_seconds"] + summary["scoring_compile_seconds"]
+        if summary["decay_plan"]["costs"]["eval_compile"] > 0:  # decided before the first evaluation: too slow
+            budget = math.ceil(2.2 * outside)
+        elif outside < budget / 3:  # compiling and evaluating under a third: too fast (an AMD EPYC: 5.9 s of 20)
+            xla_flags = AS_USERS_XLA  # compiled as users' programs are: more to compile
+        else:
+            break
     lr, last, decay = rates(out), summary["total_steps"], summary["decay_start"]
     assert 0 < decay < last == max(lr) and lr[last] == pytest.approx(PEAK / 10, rel=1e-5)
-    outside = summary["compile_seconds"] + summary["eval_seconds"] + summary["scoring_compile_seconds"]
     print(f"budget used: {summary['budget_used']:.3f} of {budget} s; compiling and evaluating {outside:.1f} s; "
           f"the plan foresaw {summary['decay_plan']['seconds']:.2f} s, {last - decay} steps of decay")
     assert outside >= budget / 3, summary  # the case this test is for
