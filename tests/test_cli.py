@@ -35,8 +35,11 @@ def xla_flags(devices: int | None = None) -> str:
 
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "XLA_FLAGS": xla_flags(2), **JAX_CACHE}
-# what users' programs compile with (XLA's default optimisations): what the checks of speed and of profiles measure
-AS_USERS = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+# what users' programs compile with (XLA's default optimisations: the run's flags less check.sh's two for fast
+# compiling, its collective wait kept): what the checks of speed and of profiles measure
+USERS_XLA_BASE = re.sub(r"\s*--(xla_backend_optimization_level=0|xla_cpu_use_fusion_emitters=false)", "",
+                        XLA_BASE).strip()
+AS_USERS = {**ENV, "XLA_FLAGS": f"{USERS_XLA_BASE} --xla_force_host_platform_device_count=2".strip()}
 SMALL = ["--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "384", "--seq-len", "32",
          "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--batch-size", "4",  # per device: 8 on the 2 devices
          "--eval-every", "40", "--save-every", "40", "--no-progress",

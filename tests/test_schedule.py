@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from test_cli import DATA, ENV, SMALL, tiny_lm, without
+from test_cli import AS_USERS, DATA, ENV, SMALL, tiny_lm, without
 from test_faults import steps_on_disk
 
 PEAK, WARMUP = 3e-3, 3  # --warmup-steps 50 on a 30-step run: at most a tenth of it
@@ -78,11 +78,6 @@ def test_training_further_never_jumps_the_rate(short_run, tmp_path):
     assert lr[60] == pytest.approx(PEAK / 10, rel=1e-5)
 
 
-# the tests' XLA flags less the two that make compiling fast (tests/check.sh): programs compiled as users' are
-AS_USERS_XLA = re.sub(r"\s*--(xla_backend_optimization_level=0|xla_cpu_use_fusion_emitters=false)", "",
-                      ENV["XLA_FLAGS"]).strip()
-
-
 def landing(folder, budget: int, xla_flags: str | None = None) -> tuple:
     """The case of the test below at `budget` seconds, in `folder`, with a compile cache of its own (and `xla_flags`
     where given): the command's result, its output folder, its summary and the budget."""
@@ -138,7 +133,7 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
         if summary["decay_plan"]["costs"]["eval_compile"] > 0:  # decided before the first evaluation: too slow
             budget = math.ceil(2.2 * outside)
         elif outside < budget / 3:  # compiling and evaluating under a third: too fast (an AMD EPYC: 5.9 s of 20)
-            xla_flags = AS_USERS_XLA  # compiled as users' programs are: more to compile
+            xla_flags = AS_USERS["XLA_FLAGS"]  # compiled as users' programs are (2 devices too): more to compile
         else:
             break
     lr, last, decay = rates(out), summary["total_steps"], summary["decay_start"]
