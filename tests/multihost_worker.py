@@ -6,11 +6,26 @@ every process, feeding only this process's rows, and writes its losses, the wind
 checksum of the final parameters to OUT.json.
 With --prepare, it only prepares a run's tokenizer and cached data from TEXT_FILE, twice: in RUN_DIR/shared
 (one folder for every process) and in RUN_DIR/pN (a folder of its own, as on hosts with separate disks),
-and writes what each preparation said to OUT.json.
+and writes what each preparation said to OUT.json, with the CPU speed the process plans by where each process's
+measurement gave another.
 """
 import json
 import sys
 from pathlib import Path
+
+
+def planned_cpu_speed(cache_home: Path) -> float:
+    "The CPU speed this process plans by, its cache holding a figure of its own (process i: i + 1 GFLOP/s)."
+    import os
+
+    import jax
+
+    from tiny_lm.profiles import cpu_speed_key, plan_speed
+    from tiny_lm.sizing import measured_once
+
+    os.environ["XDG_CACHE_HOME"] = str(cache_home)
+    measured_once("cpu_train_flops", cpu_speed_key(), lambda: (jax.process_index() + 1) * 1e9)
+    return plan_speed(None)[0]
 
 
 def prepare(out, text_file, run_dir):
@@ -23,7 +38,7 @@ def prepare(out, text_file, run_dir):
     from tiny_lm.train import TrainConfig
 
     data_cfg = DataConfig(text_file, streaming=False, num_workers=0)
-    source, report = open_source(data_cfg), {}
+    source, report = open_source(data_cfg), {"speed": planned_cpu_speed(Path(run_dir) / f"cache{jax.process_index()}")}
     for case, folder in [("shared", Path(run_dir) / "shared"), ("own", Path(run_dir) / f"p{jax.process_index()}")]:
         folder.mkdir(parents=True, exist_ok=True)
         tokenizer, how = prepare_tokenizer(source, TokenizerConfig(vocab_size=300), folder, None, False, None,

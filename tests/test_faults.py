@@ -219,7 +219,7 @@ def test_a_folder_with_a_run_is_continued_or_overwritten(short_run, tmp_path):
     assert both.returncode == 2 and "give only one of them" in both.stderr
 
 
-def test_a_budget_run_stopped_and_run_again_goes_on_with_what_was_left(tmp_path):
+def test_a_budget_run_stopped_and_run_again_goes_on_with_what_was_left(tmp_path, cpu_timed):
     """--time-budget 20s stopped by SIGTERM after ten seconds, then the same command: the run goes on with what its
     last save left of the budget (said in one line), not with the whole of it again."""
     from tiny_lm.checkpoint import run_meta

@@ -59,7 +59,8 @@ def test_two_processes_train_together(tmp_path):
 
 
 def test_two_processes_make_one_tokenizer_and_cache(tmp_path):
-    "Process 0 trains the tokenizer and tokenizes the data; the other receives, checks, and leaves no temporary folder."
+    ("Process 0 trains the tokenizer and tokenizes the data; the other receives, checks, and leaves no temporary "
+     "folder. Both plan by process 0's CPU speed.")
     port, scratch = free_port(), tmp_path / "tmp"
     scratch.mkdir()
     results = run_pair(lambda i: [sys.executable, str(HERE / "multihost_worker.py"), str(tmp_path / f"p{i}.json"),
@@ -76,6 +77,7 @@ def test_two_processes_make_one_tokenizer_and_cache(tmp_path):
     assert p1["shared"]["data"] == p0["shared"]["data"]  # process 1 maps process 0's cache file
     assert "removed temporary file" in p1["own"]["data"]  # no shared folder: its own copy, already gone
     assert p1["own"]["files"] == []  # process 1 writes nothing of the run into its own folder
+    assert p0["speed"] == p1["speed"] == 1e9  # the CPU speed measured apart (1 and 2 GFLOP/s): both plan by process 0's
     assert sorted(os.listdir(scratch)) == []  # no temporary folder left behind
 
 

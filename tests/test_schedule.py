@@ -91,7 +91,7 @@ def landing(folder, budget: int, xla_flags: str | None = None) -> tuple:
     return r, folder / "budget", json.loads((folder / "budget" / "training_summary.json").read_text()), budget
 
 
-def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_are_a_third(tmp_path):
+def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_are_a_third(tmp_path, cpu_timed):
     """`--time-budget` on a model whose compiling and evaluating take a third of the budget or more (8 layers, an
     evaluation every 10 steps; measured from the summary) ends within 5 % of it: `budget_used` in [0.95, 1], the last
     evaluation, save and the scoring of the validation text included; its evaluations kept to a tenth of it (said).
@@ -148,7 +148,7 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
     assert summary["final_val_bpb_tokens"] > 0
 
 
-def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path):
+def test_time_budget_decides_the_length_and_decays_to_the_end(tmp_path, cpu_timed):
     """`--time-budget` alone: the run holds the peak, its clock starts the decay, and it ends at the end rate with an
     evaluation and a save; the summary records the budget and the step the decay started at. Stopped inside its
     decay and run again, it ends on the same weights, bit for bit."""

@@ -360,6 +360,7 @@ def run_plan(args) -> dict:
     if args.profile == "none":
         raise TinyLMError("--profile none plans nothing (every unset flag keeps its default): leave it out, or name a "
                           "profile")
+    split_cpu(args.cpu_devices)  # the devices train would run on: a CPU's speed is timed on them
     run_config_from_args(args)  # the copy and compile-cache flags checked as train checks them
     check_run_folder(args.output_dir)  # and the folder it would write
     configs_from_args(args, {})

@@ -12,7 +12,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
@@ -78,15 +78,16 @@ def device_banner(info: dict | None = None) -> str:
 # %% ../nbs/05_parallel.ipynb #a246e509
 MESH_AXES = ("data", "fsdp")
 
-def make_mesh(data: int | None = None, fsdp: int = 1) -> Mesh:
-    "A `('data', 'fsdp')` mesh of `data × fsdp` devices (default: every device of every process on `data`)."
-    devices = jax.devices()
+def make_mesh(data: int | None = None, fsdp: int = 1, devices: Sequence | None = None) -> Mesh:
+    ("A `('data', 'fsdp')` mesh of `data × fsdp` of `devices` (default: every device of every process; all of them on "
+     "`data`).")
+    given, devices = devices is not None, list(devices or jax.devices())
     data = data or max(len(devices) // fsdp, 1)
     if data * fsdp > len(devices):
         raise TinyLMError(f"a mesh of data={data} × fsdp={fsdp} needs {data * fsdp} devices "
                           f"but only {len(devices)} are visible")
     return jax.make_mesh((data, fsdp), MESH_AXES, axis_types=(AxisType.Auto,) * 2,
-                         **({} if data * fsdp == len(devices) else {"devices": devices[:data * fsdp]}))
+                         **({} if data * fsdp == len(devices) and not given else {"devices": devices[:data * fsdp]}))
 
 def parse_mesh(spec: str, num_devices: int) -> dict[str, int]:
     """`'data=N,fsdp=M'` (one may be left out: it gets the remaining devices) as `{'data': N, 'fsdp': M}`,

@@ -9,29 +9,36 @@ import functools
 import math
 import os
 import re
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import jax
+import numpy as np
 
+from .cpu import compiler_options, fast_path
 from .model import PRECISIONS, ModelConfig, attention_implementation
-from .sizing import (PRESETS, TOKENS_PER_PARAM, cpu_peak_flops, fitting_batch, flops_per_token, param_count,
-                            peak_flops, preset_config, target_config, train_memory_bytes)
+from .parallel import batch_sharding, make_mesh, sharded_init
+from .sizing import (PRESETS, TOKENS_PER_PARAM, cpu_name, fitting_batch, flops_per_token, measured_once,
+                            param_count, peak_flops, preset_config, target_config, train_memory_bytes)
 from .errors import TinyLMError
-from .train import TrainConfig
+from .train import TrainConfig, init_model, make_train_step
 
 # %% auto #0
 __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'PLAN_TOKENS_PER_PARAM',
-           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'OVERFIT_EPOCHS', 'MAX_EPOCHS', 'TRAIN_SHARE', 'CPU_MFU',
+           'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'OVERFIT_EPOCHS', 'MAX_EPOCHS', 'TRAIN_SHARE',
            'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP',
            'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
-           'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'Hardware', 'usable_memory',
-           'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours', 'choose_preset',
-           'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder', 'preset_named', 'tokens_trained',
-           'seconds_for', 'capped', 'effective_tokens', 'size_model', 'dropout_for', 'choose_batch',
+           'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'SPEED_MODEL', 'USERS_COMPILE',
+           'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours',
+           'choose_preset', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder', 'preset_named',
+           'tokens_trained', 'seconds_for', 'capped', 'effective_tokens', 'size_model', 'dropout_for', 'choose_batch',
            'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
-           'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
+           'choose_optimizer', 'Plan', 'time_cpu_step', 'cpu_train_flops', 'cpu_speed_key', 'plan_speed',
+           'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -133,9 +140,9 @@ PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at 
 # the same, measured for minutes of a 2-core CPU (13_size_sweep, three seeds): at 2 minutes nano (5 tokens per
 # parameter), 0.85 M (2.3) and tiny (1.2) within about one standard deviation of each other on the built-in corpus and
 # on Tiny Shakespeare; at 10 minutes tiny (6) beat the 1.84 M rung (3) by 0.11 nats, and on Tiny Shakespeare by 0.03;
-# at 30 minutes (one seed) the 1.84 M rung (9) beat tiny (17) by 0.03 and the 2.85 M rung (3) by 0.12. In the plan's own
-# estimate of the tokens (CPU_MFU's) the winners get 5.3 and 6.7, the losers 2.2 and 2.8: 3.5 lies between (2, the
-# rule before, picked the 2.85 M rung at 30 minutes)
+# at 30 minutes (one seed) the 1.84 M rung (9) beat tiny (17) by 0.03 and the 2.85 M rung (3) by 0.12. In the plan's
+# estimate of the tokens on that CPU (an Intel Xeon, its speed fitted to these runs) the winners get 5.3 and 6.7, the
+# losers 2.2 and 2.8: 3.5 lies between (2, the rule before, picked the 2.85 M rung at 30 minutes)
 CPU_TOKENS_PER_PARAM = 3.5
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
@@ -149,9 +156,6 @@ OVERFIT_EPOCHS = 8
 # and 1.84 M models both lowest at about 16 passes, of 67 and 46, and up after, worse than 10 minutes left them)
 MAX_EPOCHS = 16
 TRAIN_SHARE = 0.85  # the share of a time budget a plan expects in training steps: the rest compiles, evaluates, saves
-# with STEP_OVERHEAD["cpu"]: fitted to the tokens/s of 42 timed runs of five sizes, 0.43 M to 2.85 M, on a 2-core CPU
-# (13_size_sweep; the fit was 0.30 and 0.02 s before, under these sizes' speed by 8-22 % from 0.85 M up)
-CPU_MFU = 0.35
 BYTES_PER_TOKEN_GUESS = 3.6  # measured: the default 4,096-token tokenizer on the built-in corpus (3.63)
 
 def bytes_per_token_guess(vocab_size: int) -> float:
@@ -211,7 +215,7 @@ def preset_named(cfg: ModelConfig) -> str | None:
     return next((name for name in PRESETS if shape(preset_config(name, cfg.vocab_size)) == shape(cfg)), None)
 
 # %% ../nbs/04a_profiles.ipynb #4b486de2
-def tokens_trained(cfg: ModelConfig, length: Length, speed: tuple[float, float],
+def tokens_trained(cfg: ModelConfig, length: Length, speed: tuple[float, float] | None,
                    step_tokens: Callable[[ModelConfig], int]) -> float:
     ("Tokens a run of `cfg` trains in `length`, whichever end comes first: its time (TRAIN_SHARE of it in steps of "
      "`step_tokens(cfg)` tokens, each their FLOPs at `speed[0]` FLOP/s plus `speed[1]` s), its steps, its epochs.")
@@ -253,7 +257,7 @@ def _span(seconds: float) -> str:
     return f"{seconds:.2g} s" if seconds < 90 else f"{seconds / 60:.3g} min"
 
 # %% ../nbs/04a_profiles.ipynb #0d8ca04c
-def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float, float], step_tokens: Callable,
+def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float, float] | None, step_tokens: Callable,
                fits: Callable[[ModelConfig], bool],
                per_param: float = PLAN_TOKENS_PER_PARAM) -> tuple[ModelConfig, list[str]]:
     ("The largest model of `ladder` that fits, trains on `per_param` tokens per parameter in `length`, and whose text "
@@ -449,15 +453,66 @@ def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected:
                 optimizer=choose_optimizer(cfg, micro * accum * cfg.seq_len))
 
 # %% ../nbs/04a_profiles.ipynb #60dfcea1
-# seconds a step costs beyond its FLOPs at the MFU: an H200 launching the tiny preset's step (1.3 ms); a 2-core CPU,
-# fitted with CPU_MFU to 13_size_sweep's runs (nano, the narrowest, still trains 28 % slower than this says)
+# seconds a step costs beyond its FLOPs at the device's speed: an H200 launching the tiny preset's step (1.3 ms); a
+# 2-core CPU, fitted to 13_size_sweep's runs of five sizes (0.019 s on an Intel Xeon, 0.022 s on an AMD EPYC)
 STEP_OVERHEAD = {"cpu": 0.019, "gpu": 1.3e-3, "tpu": 1.3e-3}
+# the model whose step gives a CPU's speed: the ladder's 1.84 M rung (the tiny preset's width, 8 layers of 2 heads),
+# which both CPUs of 13_size_sweep trained within 5 % of the speed fitted through all five sizes
+SPEED_MODEL = dict(n_layer=8, n_head=2, n_kv_head=2)
+USERS_COMPILE = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}  # XLA:CPU's defaults
+
+def time_cpu_step(cfg: ModelConfig, calls: int = 2) -> float:
+    ("Seconds an optimizer step of `cfg` takes on this process's CPU, as a run trains it: 16 sequences a step split "
+     "over its devices, CPU_STEPS_PER_CALL steps a call; the best of `calls` calls after the first, compiled with "
+     "XLA's default optimisations whatever XLA_FLAGS say.")
+    train, k, devices = TrainConfig(), CPU_STEPS_PER_CALL, jax.local_devices(backend="cpu")
+    n = max(d for d in range(1, len(devices) + 1) if train.batch_size % d == 0)  # as a split CPU's run shares it
+    mesh = make_mesh(n, 1, devices)
+    model, optimizer = sharded_init(lambda: init_model(cfg, train, train.max_steps), mesh)
+    step, state = make_train_step(model, optimizer, steps_per_call=k)
+    rows = np.random.default_rng(0).integers(0, cfg.vocab_size, (k, train.batch_size, cfg.seq_len + 1))
+    batches = tuple(jax.device_put(row.astype(np.int32), batch_sharding(mesh)) for row in rows)
+    lowered = step.lower(state, batches)
+    try:
+        compiled = lowered.compile(compiler_options=compiler_options() | USERS_COMPILE)
+    except jax.errors.JaxRuntimeError:  # an XLA without these options: compiled as XLA_FLAGS say
+        compiled = lowered.compile()
+    best = math.inf
+    for call in range(calls + 1):
+        started = time.perf_counter()
+        state, metrics = compiled(state, batches)
+        jax.block_until_ready(metrics)
+        best = best if call == 0 else min(best, (time.perf_counter() - started) / k)
+    return best
+
+def cpu_train_flops(cache: Path | None = None) -> float:
+    ("FLOP/s this machine's CPU trains at, the speed a plan sizes models by: SPEED_MODEL's step timed once (about "
+     "10 s, `time_cpu_step`) less STEP_OVERHEAD, kept per CPU (`measured_once`).")
+    cfg = replace(preset_config("tiny", 4096), **SPEED_MODEL)
+    def measure() -> float:
+        print("timing a training step on this CPU, once (about 10 s): the plan sizes models by its speed",
+              file=sys.stderr)
+        flops = TrainConfig().batch_size * cfg.seq_len * flops_per_token(cfg)
+        return flops / max(time_cpu_step(cfg) - STEP_OVERHEAD["cpu"], 1e-3)
+    return measured_once("cpu_train_flops", cpu_speed_key(), measure, cache)
+
+def cpu_speed_key() -> str:
+    "What `cpu_train_flops` keeps its figure under: the CPU, the JAX version and the fast path's switch."
+    devices = len(jax.local_devices(backend="cpu"))
+    return f"{cpu_name()} | {devices} devices | jax {jax.__version__} | fast path {'on' if fast_path() else 'off'}"
+
+def _process_zeros(value: float) -> float:
+    "Process 0's `value`, on every process: the hosts of a run plan alike."
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+    return float(np.asarray(multihost_utils.process_allgather(np.array([value], np.float32))).reshape(-1)[0])
 
 def plan_speed(hw: Hardware | None, num_devices: int = 1) -> tuple[float, float]:
-    ("What a plan expects of `num_devices` of `hw` (None: this CPU): FLOP/s (their peak at the MFU tiny_lm reaches "
-     "there) and the seconds each step costs beyond them (launching it).")
+    ("What a plan expects of `num_devices` of `hw` (None: this CPU): FLOP/s (an accelerator's peak at the MFU "
+     "tiny_lm reaches there; a CPU's measured, `cpu_train_flops`) and the seconds each step costs beyond them.")
     if hw is None:
-        return CPU_MFU * cpu_peak_flops(), STEP_OVERHEAD["cpu"]
+        return _process_zeros(cpu_train_flops()), STEP_OVERHEAD["cpu"]
     peak = _peak(hw, _precision(hw))
     if peak is None:
         raise TinyLMError(f"no peak FLOP/s are known for a {hw.kind}, so no model can be sized: "
@@ -485,7 +540,8 @@ def _size_for(hw: Hardware | None, vocab_size: int, num_devices: int, length: Le
     "The model `size_model` picks for `length` on `num_devices` of `hw` (None: this CPU), in its precision; and why."
     dtype = "float32" if hw is None else _precision(hw)
     ladder = [replace(cfg, dtype=dtype) for cfg in model_ladder(vocab_size, length.seq_len)]
-    return size_model(ladder, length, plan_speed(hw, num_devices), step_tokens_for(hw, num_devices),
+    speed = plan_speed(hw, num_devices) if length.time_budget else None  # only a time budget needs the speed
+    return size_model(ladder, length, speed, step_tokens_for(hw, num_devices),
                       _fits(hw, detected), CPU_TOKENS_PER_PARAM if hw is None else PLAN_TOKENS_PER_PARAM)
 
 def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
@@ -518,9 +574,9 @@ def _length_reason(length: Length, hw: Hardware | None, num_devices: int) -> str
     ends = []
     if length.time_budget:
         flops = plan_speed(hw, num_devices)[0]
-        ends.append(f"{length.time_budget / 60:.3g} min (--time-budget) at about {flops / 1e12:.3g}"
-                    f" TFLOP/s ({CPU_MFU if hw is None else ASSUMED_MFU:.0%} of the peak), {TRAIN_SHARE:.0%} of it "
-                    "in training steps")
+        speed = "timed on this CPU" if hw is None else f"{ASSUMED_MFU:.0%} of the peak"
+        ends.append(f"{length.time_budget / 60:.3g} min (--time-budget) at about {flops / 1e12:.3g} TFLOP/s ({speed}), "
+                    f"{TRAIN_SHARE:.0%} of it in training steps")
     ends += [f"{length.max_steps:,} steps (--max-steps)"] if length.max_steps else []
     ends += [f"{length.epochs:g} epochs (--epochs)"] if length.epochs else []
     return "length: " + ", or ".join(ends) + (", whichever ends first" if len(ends) > 1 else "")
@@ -569,10 +625,10 @@ def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelC
     run = length if length.given else replace(length, max_steps=TrainConfig().max_steps)
     run = replace(run, epochs=plan.epochs_limit) if plan.epochs_limit else run
     step = plan.batch_size * plan.gradient_accumulation_steps * cfg.seq_len * (1 if hw is None else plan.num_devices)
-    try:
-        tokens = tokens_trained(cfg, run, plan_speed(hw, plan.num_devices), lambda c: step)
+    try:  # only a time budget needs the speed
+        tokens = tokens_trained(cfg, run, plan_speed(hw, plan.num_devices) if run.time_budget else None, lambda c: step)
     except TinyLMError:  # no peak known for this device: no estimate by time
-        tokens = None if run.time_budget else tokens_trained(cfg, run, (1.0, 0.0), lambda c: step)
+        tokens = None
     data = length.corpus_tokens
     epochs = tokens / data if tokens is not None and data else None
     plan = replace(plan, params=param_count(cfg), tokens=tokens, steps=math.ceil(tokens / step) if tokens else None,

@@ -13,7 +13,7 @@ from .model import REMAT, ModelConfig
 # %% auto #0
 __all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'TOKENS_PER_PARAM', 'PEAK_FLOPS', 'param_breakdown',
            'param_count', 'preset_config', 'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes',
-           'fitting_batch', 'size_report', 'cpu_peak_flops', 'peak_flops']
+           'fitting_batch', 'size_report', 'cpu_name', 'measured_once', 'cpu_peak_flops', 'peak_flops']
 
 # %% ../nbs/02_sizing.ipynb #04e5eef8
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
@@ -195,8 +195,8 @@ def size_report(
     return report
 
 # %% ../nbs/02_sizing.ipynb #3a9c7211
-import json, os, platform, time  # the CPU measurement and its cache
-from collections.abc import Sequence
+import fcntl, json, os, platform, time  # the CPU measurement and its cache
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax, jax.numpy as jnp
@@ -211,25 +211,48 @@ PEAK_FLOPS: dict[str, tuple[float, float]] = {
     "V100": (125e12, 15.7e12), "T4": (65e12, 8.1e12),
 }
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    "This machine's CPU model and core count: what its measurements are kept under (`measured_once`)."
     try:
         names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
     except OSError:
         names = []
     return f"{names[0] if names else platform.processor() or platform.machine()} × {os.cpu_count()} cores"
 
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+def measured_once(name: str, key: str, measure: Callable[[], float], cache: Path | None = None) -> float:
+    ("`measure()`, taken once per `key` and kept in `~/.cache/tiny_lm/{name}.json` (or `cache`): one process measures "
+     "while the others wait for its figure (a lock file beside it); a home that cannot be written measures each time.")
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / f"{name}.json"
+    if (known := _read_json(cache).get(key)) is not None:
+        return known
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(cache.with_suffix(".lock"), "a")
+    except OSError:
+        return measure()
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (known := _read_json(cache).get(key)) is None:  # no other process measured it while this one waited
+            known = measure()
+            written = cache.with_suffix(f".{os.getpid()}.tmp")
+            try:  # whole or not at all: a reader without the lock never sees half a file
+                written.write_text(json.dumps({**_read_json(cache), key: known}, indent=1))
+                os.replace(written, cache)
+            except OSError:
+                pass
+    return known
+
 # %% ../nbs/02_sizing.ipynb #9ed250cb
 def cpu_peak_flops(cache: Path | None = None) -> float:
     "The best fp32 matmul FLOP/s JAX reaches on this machine's CPU, measured once (under a second) and cached per CPU."
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / "cpu_peak_flops.json"
-    key = f"{_cpu_name()} | jax {jax.__version__} | best of many"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key not in known:
-        cpu = jax.devices("cpu")[0]
-        best = 0.0
+    def measure() -> float:
+        cpu, best = jax.devices("cpu")[0], 0.0
         for n in (256, 512, 768):
             a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
             matmul = jax.jit(lambda a: a @ a)
@@ -239,13 +262,8 @@ def cpu_peak_flops(cache: Path | None = None) -> float:
                 started = time.perf_counter()
                 matmul(a).block_until_ready()
                 best = max(best, 2 * n**3 / (time.perf_counter() - started))
-        known[key] = best
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(known, indent=1))
-        except OSError:
-            pass  # a read-only home: measure again next time
-    return known[key]
+        return best
+    return measured_once("cpu_peak_flops", f"{cpu_name()} | jax {jax.__version__} | best of many", measure, cache)
 
 def peak_flops(dtype: str = "float32", devices: Sequence | None = None) -> float | None:
     ("Peak FLOP/s of `devices` (default: all) computing in `dtype`: the table × the device count, "
