@@ -13,13 +13,15 @@ happen to root, who runs CI: `path_to_read` checks it with `os.access` (00_error
 """
 import json
 import os
+import resource
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from test_cli import SMALL, in_process, snapshot, tiny_lm, unchanged, without
+from test_cli import DATA, ENV, SMALL, in_process, snapshot, tiny_lm, unchanged, without, xla_flags
 
 LONG = "x" * 300  # a name longer than any file system's 255 bytes
 TOKENIZER = ["--tokenizer-path", "{RUN}/tokenizer.json"]
@@ -199,3 +201,26 @@ def test_the_whole_command_says_the_same_line(odd, case):
     check_refused(r, fill(said))
     assert snapshot(folder) == before
     assert os.path.isdir(run)
+
+
+def test_a_batch_too_big_for_the_memory_is_one_line(tmp_path):
+    """A batch far too big for the device's memory: `tiny-lm train` warns before its first step (the estimate), XLA
+    fails to allocate (`RESOURCE_EXHAUSTED`), and the command ends in one line that says so and what to try (00_errors'
+    `out_of_memory`), status 2, no traceback, no checkpoint. The process's address space is capped at 8 GiB, so that
+    the allocation fails however much a machine lets a process overcommit; one CPU device, since a split CPU's other
+    device would wait for the failed one at the gradients' all-reduce (XLA ends such a process after its wait)."""
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    out = tmp_path / "run"
+    argv = ["tiny-lm", "train", "--dataset-id", str(DATA / "tiny_shakespeare.txt"), "--vocab-size", "300",
+            "--val-split", "0.2", "--seq-len", "1024", "--batch-size", "512", "--d-model", "256", "--num-layers", "4",
+            "--num-heads", "4", "--max-steps", "2", "--no-progress", "--sample-tokens", "0", "--cpu-devices", "1",
+            "--output-dir", str(out)]
+    r = subprocess.run(argv, capture_output=True, text=True, env={**ENV, "XLA_FLAGS": xla_flags()}, timeout=300,
+                       preexec_fn=cap)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-3000:])
+    assert "warning: training needs about" in r.stdout, r.stdout  # said before the first step
+    last = r.stderr.strip().splitlines()[-1]  # (XLA's own log lines may come before it)
+    assert last.startswith("error: the device ran out of memory (Out of memory allocating"), r.stderr[-3000:]
+    assert "--batch-size" in last and not list(out.glob("checkpoint_step_*")), last
+

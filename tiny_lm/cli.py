@@ -22,7 +22,7 @@ from .checkpoint import committed_steps, load_checkpoint, locate_run, run_meta
 from .copies import cloud_destination, redact
 from .cpu import lean_host_memory
 from .data import DataConfig, TextSource, open_source, source_kind
-from .errors import TinyLMError, folder_to_write, path_to_read
+from .errors import TinyLMError, folder_to_write, out_of_memory, path_to_read
 from .export import export_hf
 from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
                            TRAIN_FLAGS, build_parser, check_ranges, given_flags)
@@ -531,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`tiny-lm inspect | head`): stop quietly, as other tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail again
         return 141
+    except jax.errors.JaxRuntimeError as e:  # the device's memory ran out: a model, batch or context too big for it
+        if (line := out_of_memory(e)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except OSError as e:  # a full disk or a folder that cannot be written, outside the checkpointer's own checks
         if e.errno not in _WRITE_ERRORS:
             raise

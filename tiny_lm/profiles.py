@@ -589,9 +589,8 @@ def _data_reason(length: Length) -> str:
             f"at about {length.bytes_per_token:.2g} bytes per token, "
             f"{'measured with its tokenizer' if length.measured else 'an estimate until the tokenizer is trained'})")
 
-def _run_reason(plan: Plan) -> list[str]:
-    "What the run trains, estimated, and the dropout the repeats call for."
-    step = plan.tokens / plan.steps if plan.steps else 0
+def _run_reason(plan: Plan, step: int) -> list[str]:
+    "What the run trains in steps of `step` tokens, estimated, and the dropout the repeats call for."
     passes = f", {plan.epochs:.1f} passes over the data" if plan.epochs is not None else ""
     lines = [f"the run: about {_million(plan.tokens)} tokens, {plan.steps:,} steps of {step:,.0f} tokens, "
              f"{plan.tokens / plan.params:.1f} tokens per parameter{passes}"]
@@ -640,5 +639,5 @@ def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelC
     else:
         head = [_length_reason(length, hw, plan.num_devices), _data_reason(length)]
         head += why if sized else ["model: given (its flags or a base run): the plan fits its batch and rate"]
-    more = _run_reason(plan) + _passes_reason(plan, length, cfg, hw, step) if tokens else []
+    more = _run_reason(plan, step) + _passes_reason(plan, length, cfg, hw, step) if tokens else []
     return replace(plan, reasons=tuple(head + more))
