@@ -592,7 +592,8 @@ def _data_reason(length: Length) -> str:
 def _run_reason(plan: Plan, step: int) -> list[str]:
     "What the run trains in steps of `step` tokens, estimated, and the dropout the repeats call for."
     passes = f", {plan.epochs:.1f} passes over the data" if plan.epochs is not None else ""
-    lines = [f"the run: about {_million(plan.tokens)} tokens, {plan.steps:,} steps of {step:,.0f} tokens, "
+    steps = f"{plan.steps:,} step{'s' * (plan.steps != 1)} of {step:,} tokens"
+    lines = [f"the run: about {_million(plan.tokens)} tokens, {steps}, "
              f"{plan.tokens / plan.params:.1f} tokens per parameter{passes}"]
     if plan.dropout_rate:
         lines.append(f"dropout {plan.dropout_rate:g}: the data repeats more than {OVERFIT_EPOCHS} times, past which a "
