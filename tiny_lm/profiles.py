@@ -456,8 +456,9 @@ def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected:
 # seconds a step costs beyond its FLOPs at the device's speed: an H200 launching the tiny preset's step (1.3 ms); a
 # 2-core CPU, fitted to 13_size_sweep's runs of five sizes (0.019 s on an Intel Xeon, 0.022 s on an AMD EPYC)
 STEP_OVERHEAD = {"cpu": 0.019, "gpu": 1.3e-3, "tpu": 1.3e-3}
-# the model whose step gives a CPU's speed: the ladder's 1.84 M rung (the tiny preset's width, 8 layers of 2 heads),
-# which both CPUs of 13_size_sweep trained within 5 % of the speed fitted through all five sizes
+# the model whose step gives a CPU's speed: the ladder's 1.84 M rung (the tiny preset's width, 8 layers of 2 heads), the
+# middle of the sizes a CPU plan picks in minutes; from its speed the plan's for the rungs from 0.85 M up lies within
+# 20 % of what both CPUs of 13_size_sweep measured (nano, the narrowest, trains slower than any such line)
 SPEED_MODEL = dict(n_layer=8, n_head=2, n_kv_head=2)
 USERS_COMPILE = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}  # XLA:CPU's defaults
 
@@ -497,22 +498,24 @@ def cpu_train_flops(cache: Path | None = None) -> float:
     return measured_once("cpu_train_flops", cpu_speed_key(), measure, cache)
 
 def cpu_speed_key() -> str:
-    "What `cpu_train_flops` keeps its figure under: the CPU, the JAX version and the fast path's switch."
+    "What `cpu_train_flops` keeps its figure under: the CPU, its count of devices, the JAX version, the fast path."
     devices = len(jax.local_devices(backend="cpu"))
     return f"{cpu_name()} | {devices} devices | jax {jax.__version__} | fast path {'on' if fast_path() else 'off'}"
 
-def _process_zeros(value: float) -> float:
-    "Process 0's `value`, on every process: the hosts of a run plan alike."
+@functools.cache
+def _cpu_speed() -> float:
+    ("`cpu_train_flops`, read once a process (a plan asks for it several times), and process 0's on every process: "
+     "the hosts of a run plan alike.")
     if jax.process_count() == 1:
-        return value
+        return cpu_train_flops()
     from jax.experimental import multihost_utils
-    return float(np.asarray(multihost_utils.process_allgather(np.array([value], np.float32))).reshape(-1)[0])
+    return float(multihost_utils.broadcast_one_to_all(np.float32(cpu_train_flops())))
 
 def plan_speed(hw: Hardware | None, num_devices: int = 1) -> tuple[float, float]:
     ("What a plan expects of `num_devices` of `hw` (None: this CPU): FLOP/s (an accelerator's peak at the MFU "
      "tiny_lm reaches there; a CPU's measured, `cpu_train_flops`) and the seconds each step costs beyond them.")
     if hw is None:
-        return _process_zeros(cpu_train_flops()), STEP_OVERHEAD["cpu"]
+        return _cpu_speed(), STEP_OVERHEAD["cpu"]
     peak = _peak(hw, _precision(hw))
     if peak is None:
         raise TinyLMError(f"no peak FLOP/s are known for a {hw.kind}, so no model can be sized: "
