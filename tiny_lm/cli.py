@@ -33,7 +33,7 @@ from .profiles import (Length, Plan, bytes_per_token_guess, device_memory, match
                               steps_per_call_dividing)
 from .run import (RunConfig, Trainer, check_continued_model, check_run_folder, check_continued_optimizer,
                          describe_inspection, duration, inspect_run, mesh_devices, recorded_model, resolve_resume,
-                         saved_run, split_cpu)
+                         run_mesh, saved_run, split_cpu, warn_if_too_big)
 from .score import evaluate_text
 from .sizing import PRESETS, param_count, preset_config, size_report, target_config
 from .tokenizer import TokenizerConfig, bytes_per_token, load_tokenizer
@@ -243,7 +243,7 @@ def planned_length(args, vocab_size: int) -> Length:
     per_token = (bytes_per_token(load_tokenizer(args.tokenizer_path), islice(source.documents("train"), 200))
                  if measured else bytes_per_token_guess(vocab_size))
     return Length(args.time_budget, args.max_steps, args.epochs, source and source.size_bytes, per_token, measured,
-                  args.seq_len)
+                  args.seq_len, args.batch_size, args.gradient_accumulation_steps)
 
 def _sizes_the_model(args, init) -> bool:
     "Whether the plan sizes the model: a new model with no size or shape flag given."
@@ -290,8 +290,8 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if sizing:
         if plan.epochs_limit and args.epochs is None:  # the text cannot feed the whole time: its passes end the run
             args.epochs = plan.epochs_limit
-        keep = ("model_preset", "model", "learning_rate", "dropout_rate", "reasons", "tokens", "steps", "epochs",
-                "epochs_limit")
+        keep = ("model_preset", "model", "learning_rate", "dropout_rate", "epochs_limit",
+                *(("reasons", "tokens", "steps", "epochs") if length.given else ()))  # else: the default run, as built
         return _given_dropout(replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given), args)
     shaped = init is not None or args.target_params is not None or bool(given_flags(args, SHAPE_FLAGS))
     return _given_dropout(replace(fitted, model_preset=None if shaped else args.model_preset,  # the model, named
@@ -342,15 +342,18 @@ def run_train(args) -> dict:
     return trainer.fit()
 
 # %% ../nbs/09_cli.ipynb #349aa765
-def plan_report(plan: Plan, model: ModelConfig) -> dict:
-    "What `tiny-lm plan --json` prints: the run's estimates, its settings, the model as saved and the reasons."
+def plan_report(plan: Plan, model: ModelConfig, args) -> dict:
+    ("What `tiny-lm plan --json` prints: the run's estimates, its settings (the flags given and the plan's for the "
+     "rest, as `apply_profile` filled them in `args`), the model as saved, the reasons and the flags that won.")
+    given_precision = "bf16" if args.use_mixed_precision else args.precision  # "auto": the device's, the plan's
     return {"profile": plan.profile, "device": plan.device, "num_devices": plan.num_devices,
             "params": param_count(model), "tokens": plan.tokens, "epochs": plan.epochs, "steps": plan.steps,
-            "epochs_limit": plan.epochs_limit,
-            "batch_size": plan.batch_size, "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-            "seq_len": model.seq_len, "learning_rate": plan.learning_rate, "dropout_rate": model.dropout_rate,
-            "optimizer": plan.optimizer, "precision": plan.precision_flag, "steps_per_call": plan.steps_per_call,
-            "model_preset": plan.model_preset, "model": model.to_dict(), "reasons": list(plan.reasons)}
+            "epochs_limit": plan.epochs_limit, "batch_size": args.batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps or 1, "seq_len": model.seq_len,
+            "learning_rate": args.learning_rate, "dropout_rate": model.dropout_rate, "optimizer": args.optimizer,
+            "precision": plan.precision_flag if given_precision in (None, "auto") else given_precision,
+            "steps_per_call": args.steps_per_call, "model_preset": plan.model_preset,
+            "model": model.to_dict(), "reasons": list(plan.reasons), "given": list(plan.overridden)}
 
 def run_plan(args) -> dict:
     "Print the plan `tiny-lm train` would follow with the same flags, and why; nothing is trained or written."
@@ -368,11 +371,14 @@ def run_plan(args) -> dict:
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():  # notes: not the JSON
         plan = apply_profile(args, {}, init)
     model = model_from_args(args, _planned_vocab(args, init), base=recorded_model({}, init))
-    report = plan_report(plan, model)
+    report = plan_report(plan, model, args)
     if committed_steps(args.output_dir) and not args.overwrite:
         print(f"note: {args.output_dir} holds a run: tiny-lm train with these flags would continue it with its own "
               "settings; this is the plan for a new run there (--overwrite) or in another --output-dir")
     print(json.dumps(report, indent=2) if args.json else plan.describe())
+    if plan.detected:  # the memory the run would need here, said as train says it (a named profile's plan fits its own)
+        fsdp = run_mesh(args.mesh, model, args.batch_size).shape["fsdp"]
+        warn_if_too_big(model, args.batch_size, fsdp, say=lambda line: print(line, file=sys.stderr))
     return report
 
 # %% ../nbs/09_cli.ipynb #cf3c6b0e

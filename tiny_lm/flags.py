@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -516,6 +517,12 @@ def _with_examples(parser: argparse.ArgumentParser) -> None:
 
 class _Parser(argparse.ArgumentParser):
     "argparse, but a mistake in the flags is one line (the usage of `tiny-lm train` alone is fifty)."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # argparse takes a value that starts with "-" for a flag unless it is a number: `--time-budget -5m` said
+        # "expected one argument"; a negative duration is a value too, so its range check says what is wrong with it
+        self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[a-z]+$")
+
     def error(self, message: str):
         self.exit(2, f"error: {message}: `{self.prog} --help` lists every flag\n")
 

@@ -173,11 +173,18 @@ class Length:
     bytes_per_token: float = BYTES_PER_TOKEN_GUESS  # the tokenizer's, or the estimate before there is one
     measured: bool = False  # bytes_per_token was measured with the run's tokenizer
     seq_len: int | None = None  # the context every candidate trains at (--seq-len; None: each model's own)
+    batch: int | None = None  # sequences a device takes at once (--batch-size; None: the plan's)
+    accumulation: int | None = None  # micro-batches an optimizer step adds up (--gradient-accumulation-steps)
 
     @property
     def given(self) -> bool:
         "Whether the run's length was given at all (else a profile plans its default run)."
         return any(v is not None for v in (self.time_budget, self.max_steps, self.epochs))
+
+    def sequences(self, batch: int, accumulation: int = 1) -> int:
+        ("Sequences a device trains on each optimizer step: the flags' batch and accumulation where given, else the "
+         "plan's `batch` and `accumulation` (a batch given alone is one micro-batch a step, as a run takes it).")
+        return (self.batch or batch) * (self.accumulation or (1 if self.batch else accumulation))
 
     @property
     def corpus_tokens(self) -> float | None:
@@ -522,11 +529,14 @@ def plan_speed(hw: Hardware | None, num_devices: int = 1) -> tuple[float, float]
                           "give --model-preset, or --profile none")
     return ASSUMED_MFU * peak * num_devices, STEP_OVERHEAD[hw.platform]
 
-def step_tokens_for(hw: Hardware | None, num_devices: int = 1) -> Callable[[ModelConfig], int]:
-    "Tokens per optimizer step a plan gives a model on `num_devices` of `hw` (None: the CPU's 16 sequences)."
+def step_tokens_for(hw: Hardware | None, num_devices: int = 1,
+                    length: Length | None = None) -> Callable[[ModelConfig], int]:
+    ("Tokens per optimizer step a plan gives a model on `num_devices` of `hw` (None: the CPU's 16 sequences), or "
+     "the batch `length`'s flags give.")
+    given = length or Length()
     if hw is None:
-        return lambda cfg: TrainConfig().batch_size * cfg.seq_len
-    return lambda cfg: max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len) * cfg.seq_len * num_devices
+        return lambda cfg: given.sequences(TrainConfig().batch_size) * cfg.seq_len
+    return lambda cfg: given.sequences(max(1, TOKENS_PER_DEVICE_STEP // cfg.seq_len)) * cfg.seq_len * num_devices
 
 # %% ../nbs/04a_profiles.ipynb #3f6358c3
 def _fits(hw: Hardware | None, detected: bool) -> Callable[[ModelConfig], bool]:
@@ -544,7 +554,7 @@ def _size_for(hw: Hardware | None, vocab_size: int, num_devices: int, length: Le
     dtype = "float32" if hw is None else _precision(hw)
     ladder = [replace(cfg, dtype=dtype) for cfg in model_ladder(vocab_size, length.seq_len)]
     speed = plan_speed(hw, num_devices) if length.time_budget else None  # only a time budget needs the speed
-    return size_model(ladder, length, speed, step_tokens_for(hw, num_devices),
+    return size_model(ladder, length, speed, step_tokens_for(hw, num_devices, length),
                       _fits(hw, detected), CPU_TOKENS_PER_PARAM if hw is None else PLAN_TOKENS_PER_PARAM)
 
 def plan_run(profile: str = "auto", vocab_size: int = 4096, model: ModelConfig | None = None,
@@ -627,7 +637,8 @@ def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelC
     "`plan` with the run's estimated tokens, steps, epochs, dropout and the reasons for them."
     run = length if length.given else replace(length, max_steps=TrainConfig().max_steps)
     run = replace(run, epochs=plan.epochs_limit) if plan.epochs_limit else run
-    step = plan.batch_size * plan.gradient_accumulation_steps * cfg.seq_len * (1 if hw is None else plan.num_devices)
+    sequences = length.sequences(plan.batch_size, plan.gradient_accumulation_steps)  # the flags' where given
+    step = sequences * cfg.seq_len * (1 if hw is None else plan.num_devices)
     try:  # only a time budget needs the speed
         tokens = tokens_trained(cfg, run, plan_speed(hw, plan.num_devices) if run.time_budget else None, lambda c: step)
     except TinyLMError:  # no peak known for this device: no estimate by time

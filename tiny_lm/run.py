@@ -313,7 +313,7 @@ def warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1
         return
     fitting = report["fitting_batch"]
     fix = (f"try --batch-size {fitting[0]} --gradient-accumulation-steps {fitting[1]} (per device)" if fitting
-           else "choose a smaller model")
+           else "choose a smaller model or --seq-len")
     say(f"warning: training needs about {need / 2**30:.1f} GiB per device but it has {have / 2**30:.1f} GiB: {fix}")
 
 # %% ../nbs/08a_run.ipynb #f87da997
