@@ -264,6 +264,14 @@ def _span(seconds: float) -> str:
     return f"{seconds:.2g} s" if seconds < 90 else f"{seconds / 60:.3g} min"
 
 # %% ../nbs/04a_profiles.ipynb #0d8ca04c
+def _limit(trained: float, worth: float, by_passes: bool, per_param: float) -> str | None:
+    ("What keeps a candidate training on `trained` tokens per parameter, `worth` with repeats discounted, from the "
+     "plan's rule, or None: the data where its passes end the run short of `per_param` (`by_passes`) or its repeats "
+     "leave less than DATA_TOKENS_PER_PARAM, else the time (a short run's few tokens are worth few, repeated or not).")
+    if trained < per_param and by_passes or trained >= DATA_TOKENS_PER_PARAM > worth:
+        return "the data"
+    return "the time" if trained < per_param or worth < DATA_TOKENS_PER_PARAM else None
+
 def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float, float] | None, step_tokens: Callable,
                fits: Callable[[ModelConfig], bool],
                per_param: float = PLAN_TOKENS_PER_PARAM) -> tuple[ModelConfig, list[str]]:
@@ -275,9 +283,8 @@ def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float
              for cfg in fitting}
     by_passes = lambda cfg: tokens_trained(cfg, replace(length, time_budget=None), speed, step_tokens) if (
         length.epochs and length.corpus_tokens) else math.inf  # the tokens its passes end it at
-    limit = lambda cfg: ("the data" if worth[id(cfg)] < DATA_TOKENS_PER_PARAM or trained[id(cfg)] < per_param and
-                         trained[id(cfg)] * param_count(cfg) >= by_passes(cfg) else
-                         "the time" if trained[id(cfg)] < per_param else None)
+    limit = lambda cfg: _limit(trained[id(cfg)], worth[id(cfg)], trained[id(cfg)] * param_count(cfg) >= by_passes(cfg),
+                               per_param)
     good = [cfg for cfg in fitting if limit(cfg) is None]
     pick = good[-1] if good else fitting[0]
     cpu = per_param != PLAN_TOKENS_PER_PARAM
