@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import jax
 import numpy as np
@@ -22,8 +23,8 @@ import numpy as np
 from .cpu import compiler_options, fast_path
 from .model import PRECISIONS, ModelConfig, attention_implementation
 from .parallel import batch_sharding, make_mesh, sharded_init
-from .sizing import (PRESETS, TOKENS_PER_PARAM, cpu_name, fitting_batch, flops_per_token, measured_once,
-                            param_count, peak_flops, preset_config, target_config, train_memory_bytes)
+from .sizing import (PRESETS, TOKENS_PER_PARAM, cache_file, cpu_name, fitting_batch, flops_per_token,
+                            measured_once, param_count, peak_flops, preset_config, target_config, train_memory_bytes)
 from .errors import TinyLMError
 from .train import TrainConfig, init_model, make_train_step
 
@@ -33,12 +34,12 @@ __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSU
            'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP',
            'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
            'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'SPEED_MODEL', 'USERS_COMPILE',
-           'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware', 'compute_optimal_hours',
-           'choose_preset', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder', 'preset_named',
-           'tokens_trained', 'seconds_for', 'capped', 'effective_tokens', 'size_model', 'dropout_for', 'choose_batch',
-           'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
-           'choose_optimizer', 'Plan', 'time_cpu_step', 'cpu_train_flops', 'cpu_speed_key', 'plan_speed',
-           'step_tokens_for', 'plan_run']
+           'BUSY_SHARE', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware',
+           'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder',
+           'preset_named', 'tokens_trained', 'seconds_for', 'capped', 'effective_tokens', 'size_model', 'dropout_for',
+           'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
+           'choose_optimizer', 'Plan', 'others_cpu_share', 'time_cpu_step', 'cpu_train_flops', 'cpu_speed_key',
+           'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -476,6 +477,28 @@ STEP_OVERHEAD = {"cpu": 0.019, "gpu": 1.3e-3, "tpu": 1.3e-3}
 SPEED_MODEL = dict(n_layer=8, n_head=2, n_kv_head=2)
 USERS_COMPILE = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}  # XLA:CPU's defaults
 
+BUSY_SHARE = 0.25  # other programs using more of the CPU than this while it is timed: its speed may be low, said
+
+def _machine_cpu_seconds() -> float | None:
+    "CPU seconds every process on this machine has used since it started, all cores together (/proc/stat; else None)."
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+def others_cpu_share(run: Callable[[], Any]) -> tuple[Any, float]:
+    ("`run()`, and the share of the machine's CPU (all its cores, over the call) that other processes used meanwhile: "
+     "near 0 on a quiet machine, 0.5 where another program keeps half its cores busy; 0 without /proc/stat.")
+    before, mine, started = _machine_cpu_seconds(), os.times(), time.perf_counter()
+    result = run()
+    after, now, wall = _machine_cpu_seconds(), os.times(), time.perf_counter() - started
+    if before is None or after is None:
+        return result, 0.0
+    ours = now.user + now.system - mine.user - mine.system
+    return result, max(0.0, (after - before - ours) / (wall * (os.cpu_count() or 1)))
+
 def time_cpu_step(cfg: ModelConfig, calls: int = 2) -> float:
     ("Seconds an optimizer step of `cfg` takes on this process's CPU, as a run trains it: 16 sequences a step split "
      "over its devices, CPU_STEPS_PER_CALL steps a call; the best of `calls` calls after the first, compiled with "
@@ -507,8 +530,15 @@ def cpu_train_flops(cache: Path | None = None) -> float:
     def measure() -> float:
         print("timing a training step on this CPU, once (about 10 s): the plan sizes models by its speed",
               file=sys.stderr)
-        flops = TrainConfig().batch_size * cfg.seq_len * flops_per_token(cfg)
-        return flops / max(time_cpu_step(cfg) - STEP_OVERHEAD["cpu"], 1e-3)
+        seconds, busy = others_cpu_share(lambda: time_cpu_step(cfg))
+        step_flops = TrainConfig().batch_size * cfg.seq_len * flops_per_token(cfg)
+        flops = step_flops / max(seconds - STEP_OVERHEAD["cpu"], 1e-3)
+        if busy > BUSY_SHARE:  # kept all the same: a run beside another shares the CPU too; said, with the way out
+            print(f"note: other programs used {busy:.0%} of this CPU while it was timed, so its speed "
+                  f"({flops / 1e9:.0f} GFLOP/s) may be low, and plans here size by it: delete "
+                  f"{cache or cache_file('cpu_train_flops')} when the machine is quiet to time it again",
+                  file=sys.stderr)
+        return flops
     return measured_once("cpu_train_flops", cpu_speed_key(), measure, cache)
 
 def cpu_speed_key() -> str:

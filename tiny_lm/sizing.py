@@ -13,7 +13,7 @@ from .model import REMAT, ModelConfig
 # %% auto #0
 __all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'TOKENS_PER_PARAM', 'PEAK_FLOPS', 'param_breakdown',
            'param_count', 'preset_config', 'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes',
-           'fitting_batch', 'size_report', 'cpu_name', 'measured_once', 'cpu_peak_flops', 'peak_flops']
+           'fitting_batch', 'size_report', 'cpu_name', 'cache_file', 'measured_once', 'cpu_peak_flops', 'peak_flops']
 
 # %% ../nbs/02_sizing.ipynb #04e5eef8
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
@@ -225,10 +225,14 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
 
+def cache_file(name: str) -> Path:
+    "Where `measured_once` keeps the figures called `name`: `~/.cache/tiny_lm/{name}.json` (or under XDG_CACHE_HOME)."
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / f"{name}.json"
+
 def measured_once(name: str, key: str, measure: Callable[[], float], cache: Path | None = None) -> float:
-    ("`measure()`, taken once per `key` and kept in `~/.cache/tiny_lm/{name}.json` (or `cache`): one process measures "
-     "while the others wait for its figure (a lock file beside it); a home that cannot be written measures each time.")
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / f"{name}.json"
+    ("`measure()`, taken once per `key` and kept in `cache_file(name)` (or `cache`): one process measures while the "
+     "others wait for its figure (a lock file beside it); a home that cannot be written measures each time.")
+    cache = cache or cache_file(name)
     if (known := _read_json(cache).get(key)) is not None:
         return known
     try:
