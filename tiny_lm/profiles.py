@@ -143,8 +143,9 @@ PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at 
 # on Tiny Shakespeare; at 10 minutes tiny (6) beat the 1.84 M rung (3) by 0.11 nats on the built-in corpus (an Intel
 # Xeon); at 30 minutes the 1.84 M rung (10) beat the 2.85 M rung (4) by 0.09 (an AMD EPYC). In the plan's estimate of
 # the tokens (each CPU's speed timed) the winners get 5.3, 6.7 and 9.5, the losers 2.2, 2.8 and 4.0: 4.5 lies between
-# (2, then 3.5, the rules before, picked the 2.85 M rung at 30 minutes). Where the passes end the run first, the time
-# sets no bound (`_limit`): on Tiny Shakespeare's 16 passes tiny and the 1.84 M rung tied, the 0.85 M rung 0.13 behind
+# (the rules before, 2 on the Xeon and 3.5 on the EPYC, picked the 2.85 M rung at 30 minutes). Where the passes end a
+# CPU's run first, the time sets no bound (`_limit`): on Tiny Shakespeare's 16 passes tiny and the 1.84 M rung tied,
+# the 0.85 M rung 0.11 behind
 CPU_TOKENS_PER_PARAM = 4.5
 # distinct tokens per parameter, repeats discounted, a planned model's data is worth at least: nanoGPT's Shakespeare
 # recipe (10.7 M parameters, 1 M characters seen 80 times with dropout 0.2: worth 16.3 M) has 1.5
