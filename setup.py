@@ -20,6 +20,7 @@ requirements = cfg.get('requirements', '').split()
 dev_requirements = cfg.get('dev_requirements', '').split()
 cloud_requirements = cfg.get('cloud_requirements', '').split()
 test_requirements = cfg.get('test_requirements', '').split()
+compile_requirements = cfg.get('compile_requirements', '').split()
 
 setuptools.setup(
     name=cfg['lib_name'],
@@ -34,10 +35,10 @@ setuptools.setup(
     url=cfg['git_url'],
     packages=setuptools.find_packages(include=['tiny_lm', 'tiny_lm.*']),
     include_package_data=True,
-    package_data={'tiny_lm': ['texts/*']},  # the lesson texts (tiny_lm/texts/README.md)
+    package_data={'tiny_lm': ['texts/*', 'gpu_specs/*']},  # lesson texts; XLA's GPU descriptions (their README.md)
     install_requires=requirements,
     extras_require={'dev': dev_requirements + cloud_requirements + test_requirements, 'cloud': cloud_requirements,
-                    'test': test_requirements},
+                    'test': test_requirements, 'compile': compile_requirements},
     python_requires='>=' + min_python,
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',

@@ -83,6 +83,22 @@ XLA_FLAGS="$XLA_FLAGS --xla_force_host_platform_device_count=8" HF_HUB_OFFLINE=1
     python .ci/notebooks.py --workers 3
 
 header "4/4: pytest tests (export, ruff and the notebooks passed)"
+# The compilers of `tiny-lm compile` (libtpu, XLA's GPU compiler, cuDNN) for tests/test_compile.py, in a folder of
+# their own (pip --target, on those tests' PYTHONPATH alone): with libtpu installed, every JAX program on the machine
+# first looks for a TPU and prints errors where there is none. Pinned by the installed JAX's own extras; installed
+# once (2.3 GB), again when the pins change. Where they cannot be installed, those tests say so and are skipped.
+compilers="${VIRTUAL_ENV:-$PWD/.venv}/tiny_lm_compilers"
+pins="$(python -c "from tiny_lm.compile import compiler_requirements as r; print(' '.join(r('tpu') + r('gpu')))")"
+if [[ "$(cat "$compilers/.pins" 2>/dev/null)" != "$pins" ]]; then
+    rm -rf "$compilers"
+    # shellcheck disable=SC2086  # the pins are words
+    if pip install --quiet --no-compile --no-deps --target "$compilers" $pins; then
+        echo "$pins" > "$compilers/.pins"
+    else
+        echo "check: the compilers ($pins) could not be installed: tests/test_compile.py skips its compiles" >&2
+    fi
+fi
+export TINY_LM_COMPILERS="$compilers"
 status=0
 # three workers on two cores: some tests wait (a copy's back-off, a time budget's clock, a second process starting),
 # and the third keeps the cores busy then: 313 s against 415 s with two (195 % of a core busy against 182 %,

@@ -19,6 +19,7 @@ import jax
 
 from .bench import bench_data, bench_generate, bench_train, describe_bench
 from .checkpoint import committed_steps, load_checkpoint, locate_run, run_meta
+from .compile import check_target, compile_run, compile_targets, cpu_only, describe_compiled
 from .copies import cloud_destination, redact
 from .cpu import lean_host_memory
 from .data import DataConfig, TextSource, open_source, source_kind
@@ -29,7 +30,7 @@ from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAP
 from .generate import generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
-from .profiles import (Length, Plan, bytes_per_token_guess, device_memory, match_hardware, plan_run,
+from .profiles import (HARDWARE, Length, Plan, bytes_per_token_guess, device_memory, match_hardware, plan_run,
                               steps_per_call_dividing)
 from .run import (RunConfig, Trainer, check_continued_model, check_run_folder, check_continued_optimizer,
                          describe_inspection, duration, inspect_run, mesh_devices, recorded_model, resolve_resume,
@@ -42,8 +43,8 @@ from .train import Interrupted, TrainConfig
 # %% auto #0
 __all__ = ['TOKENIZER_TRAINING', 'COMMANDS', 'model_from_args', 'configs_from_args', 'check_tokenizer_flags',
            'run_config_from_args', 'planned_length', 'apply_profile', 'run_train', 'plan_report', 'run_plan',
-           'result_checkpoint', 'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size', 'run_bench',
-           'main']
+           'run_compile', 'result_checkpoint', 'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size',
+           'run_bench', 'main']
 
 # %% ../nbs/09_cli.ipynb #8ac95d4f
 def _precision(args) -> str | None:
@@ -270,7 +271,8 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         return None
     vocab, sizing = _planned_vocab(args, init), _sizes_the_model(args, init)
     length = planned_length(args, vocab)
-    plan = plan_run(args.profile or "auto", vocab, length=length if sizing else Length())
+    devices = getattr(args, "devices", None)  # a named profile's slice (plan, compile); None: one, or this machine's
+    plan = plan_run(args.profile or "auto", vocab, num_devices=devices, length=length if sizing else Length())
     given = tuple(given_flags(args, _PLANNED))
     if sizing:
         _apply_sized(args, plan)
@@ -279,13 +281,13 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if args.precision is None and not args.use_mixed_precision:
         args.precision = plan.precision_flag
     model = model_from_args(args, vocab, base=recorded_model({}, init))  # the model the run builds: its batch and rate
-    fitted = plan_run(args.profile or "auto", vocab, model=model, length=length)  # (on a CPU: the defaults' batch)
+    fitted = plan_run(args.profile or "auto", vocab, model=model, num_devices=devices, length=length)  # (CPU: defaults)
     if args.dropout_rate is None:  # the repeats' dropout: a model sized, given or fine-tuned repeats its data alike
         args.dropout_rate = (plan if sizing else fitted).dropout_rate or None
     _fill_unset(args, fitted if not sizing else replace(fitted, learning_rate=plan.learning_rate))
     kind = jax.devices()[0].device_kind
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
-    if not plan.detected and plan.profile != here:
+    if not plan.detected and plan.profile != here and args.command != "compile":  # compile builds for elsewhere
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
     if sizing:
         if plan.epochs_limit and args.epochs is None:  # the text cannot feed the whole time: its passes end the run
@@ -363,6 +365,7 @@ def run_plan(args) -> dict:
     if args.profile == "none":
         raise TinyLMError("--profile none plans nothing (every unset flag keeps its default): leave it out, or name a "
                           "profile")
+    _check_devices(args)
     split_cpu(args.cpu_devices)  # the devices train would run on: a CPU's speed is timed on them
     run_config_from_args(args)  # the copy and compile-cache flags checked as train checks them
     check_run_folder(args.output_dir)  # and the folder it would write
@@ -379,6 +382,38 @@ def run_plan(args) -> dict:
     if plan.detected:  # the memory the run would need here, said as train says it (a named profile's plan fits its own)
         fsdp = run_mesh(args.mesh, model, args.batch_size).shape["fsdp"]
         warn_if_too_big(model, args.batch_size, fsdp, say=lambda line: print(line, file=sys.stderr))
+    return report
+
+# %% ../nbs/09_cli.ipynb #36255199
+def _check_devices(args) -> None:
+    "--devices names a slice of a named accelerator profile."
+    if getattr(args, "devices", None) is not None and args.profile in (None, "auto", "cpu", "none"):
+        raise TinyLMError(f"--devices applies to a named GPU or TPU --profile (auto and cpu use this machine's "
+                          f"devices): add --profile {compile_targets()[0]}, or leave out --devices")
+
+def run_compile(args) -> dict:
+    ("Compile the planned run's training and decode calls for `--profile` with its own compiler; print the report "
+     "(`--json`: one object). A run that does not fit its device is an error, after the report.")
+    if args.profile not in compile_targets():
+        raise TinyLMError(f"tiny-lm compile needs a --profile to compile for: one of {', '.join(compile_targets())}")
+    hw = HARDWARE[args.profile]
+    check_target(hw, args.devices or 1)  # a slice that exists, and its compiler installed
+    cpu_only()  # before anything asks JAX for a device
+    check_run_folder(args.output_dir)
+    configs_from_args(args, {})
+    init = _init_from(args)
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        apply_profile(args, {}, init)
+    model = model_from_args(args, _planned_vocab(args, init), base=recorded_model({}, init))
+    train_cfg = configs_from_args(args, {})[3]
+    report = compile_run(model, train_cfg, hw, args.devices or 1, args.mesh, generate=not args.no_generate)
+    print(json.dumps(report, indent=2) if args.json else describe_compiled(report))
+    if not report["train"]["fits"]:
+        memory = report["train"]["memory"]["total"] / 2**30
+        raise TinyLMError(f"the training step needs {memory:.2f} GiB a device, more than the "
+                          f"{report['train']['device_memory'] / 2**30:.2f} a {hw.kind} gives it: give a smaller "
+                          "--batch-size (with --gradient-accumulation-steps), --remat block, a smaller model, or more "
+                          "--devices")
     return report
 
 # %% ../nbs/09_cli.ipynb #cf3c6b0e
@@ -520,7 +555,8 @@ def run_bench(args) -> dict:
 
 # %% ../nbs/09_cli.ipynb #c9480bf5
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
-COMMANDS = {"train": run_train, "plan": run_plan, "generate": run_generate, "eval": run_eval, "export": run_export,
+COMMANDS = {"train": run_train, "plan": run_plan, "compile": run_compile,  # compile: 08d_compile
+            "generate": run_generate, "eval": run_eval, "export": run_export,
             "inspect": run_inspect, "size": run_size, "bench": run_bench}
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .target import target_platform
+
 # %% auto #0
 __all__ = ['fast_path', 'cpu_matmul', 'dot_general', 'compiler_options', 'scan_layers', 'one_all_reduce', 'lean_host_memory',
            'release_freed_memory']
@@ -67,8 +69,9 @@ def _cpu_options() -> tuple[tuple[str, str], ...]:
     return options
 
 def compiler_options() -> dict:
-    "XLA options for the train and eval steps: on a CPU, YNNPACK library fusions and the tree-reduction rewrite off."
-    return dict(_cpu_options()) if fast_path() else {}
+    ("XLA options for the train and eval steps: built for a CPU (the target, 00b_target), YNNPACK library fusions "
+     "and the tree-reduction rewrite off; for a GPU or a TPU, XLA's defaults.")
+    return dict(_cpu_options()) if fast_path() and target_platform() == "cpu" else {}
 
 # %% ../nbs/15_performance.ipynb #5070e374
 def scan_layers(body: Callable, carry, xs):
@@ -92,7 +95,7 @@ def _replicated_mesh(state) -> Mesh | None:
 def one_all_reduce(grads_fn: Callable, state, rows_per_device: int = 1, platform: str | None = None) -> Callable:
     """`grads_fn(model, batch_BT, *args) -> (loss, grads)`, run on a CPU mesh that holds `state` whole on each device
     as: every device its own rows, then one mean of the loss and all the gradients; else `grads_fn`."""
-    on_cpu = (platform or jax.default_backend()) == "cpu"
+    on_cpu = (platform or target_platform()) == "cpu"
     mesh = _replicated_mesh(state) if on_cpu and fast_path() else None
     if mesh is None:
         return grads_fn

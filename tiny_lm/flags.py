@@ -165,6 +165,22 @@ def _plan_parser(sub) -> None:
                       "time and the data, batch, rate, steps, epochs) and why, without training or writing anything")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the plan's lines "
                    "(default: the lines)")
+    _devices_flag(p)
+
+def _devices_flag(p) -> None:
+    p.add_argument("--devices", type=int, default=None, help="with a named --profile: how many of its devices the run "
+                   "spans, a TPU slice of N chips (1, 4, 8 ...) or N GPUs of one machine (default: 1; auto: every "
+                   "device of this machine)")
+
+def _compile_parser(sub) -> None:
+    p = _train_parser(sub, "compile", "compile the run tiny-lm plan plans (its training and decoding calls) for a "
+                      "TPU or GPU --profile with that device's own compiler, on this machine, and print its memory, "
+                      "FLOPs, bytes, kernels and loops against tiny_lm's estimates; nothing runs")
+    p.add_argument("--json", action="store_true", help="print one JSON object (a train and a generate object) instead "
+                   "of the lines (default: the lines)")
+    p.add_argument("--no-generate", action="store_true", help="compile the training call alone (default: off, the "
+                   "decode call too)")
+    _devices_flag(p)
 
 # %% ../nbs/08c_flags.ipynb #1c0861b9
 def _output_flags(p) -> None:
@@ -444,7 +460,7 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
                      "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every",
                      "max_skipped_steps", "keep_checkpoints", "steps_per_call", "target_params", "cpu_devices",
                      "num_processes", "coordinator_timeout", "num_samples", "max_examples", "tokens", "steps",
-                     "vocab_size"],
+                     "vocab_size", "devices"],
                     at_least(1)),
     **dict.fromkeys(["num_workers", "warmup_steps", "weight_decay", "grad_clip", "save_every_minutes", "seed",
                      "sample_tokens", "eval_sample_tokens", "process_id", "max_tokens", "temperature", "top_k"],
@@ -458,7 +474,7 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
     "dropout_rate": Range(lambda value: 0 <= value < 1, "in [0, 1)", "0.1 is usual, 0 turns dropout off"),
     "logit_softcap": at_least(0, "0 turns it off, nanochat uses 15"),
     "top_p": Range(lambda value: 0 < value <= 1, "in (0, 1]", "1 keeps every token, 0.9 is usual"),
-    **dict.fromkeys([f"{command} {flag}" for command in ("train", "plan")
+    **dict.fromkeys([f"{command} {flag}" for command in ("train", "plan", "compile")
                      for flag in ("vocab_size", "min_vocab_size", "max_vocab_size")] + ["bench data vocab_size"],
                     at_least(257, "a byte-level tokenizer needs 256 bytes + <|endoftext|>")),
     "bench generate max_tokens": at_least(1, "there is nothing to time in 0 tokens"),
@@ -489,6 +505,8 @@ EXAMPLES = {  # two per command, shown at the end of its --help
                       "--output-dir lora"],
     "tiny-lm plan": ["tiny-lm plan --time-budget 10m             # what ten minutes here buy on the built-in corpus",
                      "tiny-lm plan --profile a100-40gb --time-budget 1h --dataset-id corpus.txt --json"],
+    "tiny-lm compile": ["tiny-lm compile --profile tpu-v5e --time-budget 1h   # will the plan fit a Colab TPU?",
+                        "tiny-lm compile --profile a100-40gb --devices 8 --model-preset large --json"],
     "tiny-lm generate": ["tiny-lm generate --checkpoint output --prompt 'def main(' --temperature 0.8 --top-p 0.95",
                          "tiny-lm generate --checkpoint output --num-samples 4 --stop $'\\n\\n' --temperature 0"],
     "tiny-lm eval": ["tiny-lm eval --checkpoint output",
@@ -531,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tiny-lm", description="Train small GPT-style language models in JAX and Flax NNX: plan, "
                      "train, sample, evaluate in bits per byte, export to transformers, inspect, size and benchmark.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_train_parser, _plan_parser, _generate_parser, _eval_parser, _export_parser, _inspect_parser,
+    for add in (_train_parser, _plan_parser, _compile_parser,
+                _generate_parser, _eval_parser, _export_parser, _inspect_parser,
                 _size_parser, _bench_parser):
         add(sub)
     _with_examples(parser)

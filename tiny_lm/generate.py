@@ -23,7 +23,7 @@ from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
 __all__ = ['DECODE_CHUNK', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'init_cache', 'layer_weights',
-           'check_sampling', 'generate_batch', 'generate']
+           'lower_decode', 'check_sampling', 'generate_batch', 'generate']
 
 # %% ../nbs/07_generate.ipynb #bd088f29
 def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
@@ -155,6 +155,23 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
     return (jax.jit(layers), jax.jit(on_mesh(mesh)(prefill), static_argnames=static),
             jax.jit(on_mesh(mesh)(decode), static_argnames=static, donate_argnums=2),
             jax.jit(on_mesh(mesh)(reference), static_argnames=static))
+
+# %% ../nbs/07_generate.ipynb #b489ba34
+def lower_decode(model: Transformer, batch: int = 1, temperature: float = 0.8, top_k: int = 50,
+                 top_p: float = 1.0, sharding: jax.sharding.Sharding | None = None) -> jax.stages.Lowered:
+    ("`generate_batch`'s decode call (a chunk of `DECODE_CHUNK` tokens for `batch` rows, one device) lowered for "
+     "`model`, whose arrays may be shapes, all on `sharding`'s device (None: this machine's): what `tiny-lm compile` "
+     "compiles for a device.")
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    layers_step, _, decode_steps, _ = _steps(graphdef, treedef)
+    shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    leaves = [shape(x) for x in leaves]
+    layers = jax.tree.map(shape, jax.eval_shape(layers_step, leaves))
+    kv_L = jax.tree.map(shape, jax.eval_shape(lambda: _layer_caches(init_cache(model.cfg, batch))))
+    token_B, key = shape(jax.ShapeDtypeStruct((batch,), jnp.int32)), shape(jax.eval_shape(jax.random.key, 0))
+    return decode_steps.lower(leaves, layers, kv_L, token_B, 0, key, 1, DECODE_CHUNK, temperature, top_p,
+                              **sampling_mode(temperature, top_k, top_p))
 
 # %% ../nbs/07_generate.ipynb #2c42a4b6
 class _Text:

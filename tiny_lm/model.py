@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .cpu import dot_general, scan_layers
 from .errors import TinyLMError
+from .target import target_device
 
 # %% auto #0
 __all__ = ['ATTENTION_KERNELS', 'REMAT', 'PRECISIONS', 'ModelConfig', 'Linear', 'rope_angles', 'apply_rope',
@@ -182,9 +183,9 @@ def _cudnn_ok(cfg: ModelConfig, device) -> bool:
             and cfg.head_dim % 8 == 0 and cfg.head_dim <= (256 if cc >= 9.0 else 128))
 
 def attention_implementation(cfg: ModelConfig, seq_len: int | None = None, device=None) -> str:
-    """The kernel attention runs with on `device` (default: this machine's): 'cudnn', 'splash' or 'xla'
+    """The kernel attention runs with on `device` (default: the target's, 00b_target): 'cudnn', 'splash' or 'xla'
     (see the table above)."""
-    device = device or jax.devices()[0]
+    device = device or target_device()
     T = seq_len or cfg.seq_len
     splash_ok = T % 128 == 0
     if cfg.attention == "cudnn":
@@ -204,7 +205,7 @@ def describe_attention(cfg: ModelConfig) -> str:
     kernel = attention_implementation(cfg)
     why = {"auto": "fastest that qualifies here", "xla": "--no-flash-attention"}.get(cfg.attention, "requested")
     if kernel == "xla" and cfg.attention == "auto":
-        device = jax.devices()[0]
+        device = target_device()
         why = ("no flash kernel on CPU" if device.platform == "cpu" else
                "flash needs bf16 compute" if device.platform == "gpu" and cfg.dtype == "float32" else
                "the shape or device does not qualify for a flash kernel")
@@ -249,8 +250,8 @@ def splash_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array,
 
 def mesh_of(tree) -> Mesh | None:
     "The mesh of several devices that the arrays of `tree` are laid out on (None: one device, or no single mesh)."
-    meshes = {x.sharding.mesh for x in jax.tree.leaves(tree)
-              if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)}
+    meshes = {x.sharding.mesh for x in jax.tree.leaves(tree)  # arrays, or their shapes (08d_compile)
+              if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) and isinstance(x.sharding, NamedSharding)}
     mesh = meshes.pop() if len(meshes) == 1 else None
     return mesh if mesh is not None and mesh.size > 1 else None
 
@@ -460,9 +461,9 @@ def count_params(model: nnx.Module, wrt=nnx.Param) -> int:
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 
 def default_precision(device=None) -> str:
-    """The compute dtype for `device` (default: this machine's first):
+    """The compute dtype for `device` (default: the target's, 00b_target):
     'bfloat16' on TPUs and GPUs of compute capability ≥ 8.0, else 'float32'."""
-    device = device or jax.devices()[0]
+    device = device or target_device()
     cc = float(getattr(device, "compute_capability", 0) or 0)
     return "bfloat16" if device.platform == "tpu" or (device.platform == "gpu" and cc >= 8.0) else "float32"
 

@@ -52,6 +52,7 @@ class Hardware:
     bf16: bool  # fast bf16 matrix units: compute in bf16
     kind: str = ""  # a device_kind JAX reports for it (for the peak table)
     compute_capability: float = 0.0  # a GPU's
+    memory_bandwidth: float = 0.0  # bytes/s between one device's memory and its cores (a step's bound, 08d_compile)
 
     def device(self) -> SimpleNamespace:
         "A stand-in for a JAX device of this hardware, for the peak table and the attention rule."
@@ -59,14 +60,15 @@ class Hardware:
                                compute_capability=self.compute_capability)
 
 HARDWARE: dict[str, Hardware] = {h.name: h for h in [
-    Hardware("t4", r"\bt4\b", "gpu", 15.0, False, "Tesla T4", 7.5),  # XLA runs no bf16 matmuls on a T4
-    Hardware("l4", r"\bl4\b", "gpu", 22.5, True, "NVIDIA L4", 8.9),
-    Hardware("a100-40gb", r"a100(?!.*80gb)", "gpu", 40.0, True, "NVIDIA A100-SXM4-40GB", 8.0),
-    Hardware("a100-80gb", r"a100.*80gb", "gpu", 80.0, True, "NVIDIA A100-SXM4-80GB", 8.0),
-    Hardware("h100", r"h100", "gpu", 79.6, True, "NVIDIA H100 80GB HBM3", 9.0),
-    Hardware("h200", r"h200", "gpu", 140.0, True, "NVIDIA H200", 9.0),
-    Hardware("tpu-v5e", r"tpu v5( lite|e)", "tpu", 16.0, True, "TPU v5 lite"),
-    Hardware("tpu-v6e", r"tpu v6( lite|e)", "tpu", 32.0, True, "TPU v6 lite"),
+    Hardware("t4", r"\bt4\b", "gpu", 15.0, False, "Tesla T4", 7.5, 320e9),  # XLA runs no bf16 matmuls on a T4
+    Hardware("l4", r"\bl4\b", "gpu", 22.5, True, "NVIDIA L4", 8.9, 300e9),
+    Hardware("a100-40gb", r"a100(?!.*80gb)", "gpu", 40.0, True, "NVIDIA A100-SXM4-40GB", 8.0, 1555e9),
+    Hardware("a100-80gb", r"a100.*80gb", "gpu", 80.0, True, "NVIDIA A100-SXM4-80GB", 8.0, 2039e9),
+    Hardware("h100", r"h100", "gpu", 79.6, True, "NVIDIA H100 80GB HBM3", 9.0, 3352e9),
+    Hardware("h200", r"h200", "gpu", 140.0, True, "NVIDIA H200", 9.0, 4800e9),
+    # a TPU's memory as its compiler allows a program (libtpu 0.0.42: 15.75 and 31.25 GiB, 08d_compile)
+    Hardware("tpu-v5e", r"tpu v5( lite|e)", "tpu", 15.75, True, "TPU v5 lite", memory_bandwidth=819e9),
+    Hardware("tpu-v6e", r"tpu v6( lite|e)", "tpu", 31.25, True, "TPU v6 lite", memory_bandwidth=1640e9),
 ]}
 PROFILES = ["auto", "cpu", *HARDWARE, "none"]  # the choices of --profile
 

@@ -33,6 +33,7 @@ from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
 from .schedule import SCHEDULES, clock_rates, decay_data, decay_from, new_schedule, schedule_fn
 from .show import LivePlot, in_notebook, plot_losses
 from .sizing import flops_per_token, peak_flops
+from .target import target_memory
 
 # %% auto #0
 __all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'LOGITS_MEMORY_SHARE', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM',
@@ -225,12 +226,12 @@ LOSS_CHUNK_BYTES = 2**26  # the fp32 logits of one slice of the sequence: 64 MiB
 def logits_budget() -> int:
     ("Bytes the fp32 logits of a batch may take before `loss_fn` slices them: a share of the memory that holds them. "
      "Each GPU or TPU of the mesh being traced (`on_mesh`) holds its share of the batch in its own `bytes_limit`; "
-     "a CPU's devices all share the machine's RAM.")
-    stats = jax.local_devices()[0].memory_stats() or {}  # a CPU has none
-    if not stats.get("bytes_limit"):
+     "a CPU's devices all share the machine's RAM. A named target (00b_target) gives its own device's memory.")
+    limit = target_memory() or (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")  # a CPU has none
+    if not limit:
         return int(LOGITS_MEMORY_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     mesh = jax.sharding.get_abstract_mesh()
-    return int(LOGITS_MEMORY_SHARE * stats["bytes_limit"] * (1 if mesh.empty else mesh.size))
+    return int(LOGITS_MEMORY_SHARE * limit * (1 if mesh.empty else mesh.size))
 
 def _slice_loss(head: Callable, consts: list, x_BCD: jax.Array, y_BC: jax.Array, w_1C: jax.Array) -> jax.Array:
     "A slice's summed cross-entropy (padded positions weigh 0)."

@@ -1,0 +1,115 @@
+"""`tiny-lm compile` with the real compilers of a TPU and a GPU, on this CPU (nbs/08d_compile).
+
+The compilers are installed apart from the test environment (tests/check.sh puts them in TINY_LM_COMPILERS with
+`pip install --target`): with libtpu installed, every JAX program on the machine first looks for a TPU and prints
+errors where there is none, so only these commands get them, on their PYTHONPATH. Each test compiles a small model
+(nano or tiny, a few sequences a device) so that the five targets take about a minute of CPU in all.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_cli import ENV
+
+COMPILERS = os.environ.get("TINY_LM_COMPILERS", "")
+HAVE = bool(COMPILERS) and (Path(COMPILERS) / "libtpu").is_dir() and (Path(COMPILERS) / "jax_plugins").is_dir()
+needs_compilers = pytest.mark.skipif(not HAVE, reason="the compilers could not be installed here (tests/check.sh "
+                                                      "installs them into TINY_LM_COMPILERS; it said why)")
+WITH = {**ENV, "PYTHONPATH": COMPILERS}
+WITHOUT = {k: v for k, v in ENV.items() if k not in ("PYTHONPATH", "TINY_LM_COMPILERS")}
+
+
+def compile_run(*flags, env=WITH) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tiny_lm", "compile", *flags], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def report(*flags) -> dict:
+    r = compile_run(*flags, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+FIELDS = {"memory", "device_memory", "estimated_memory", "flops", "bytes_accessed", "attention", "while_loops", "fits",
+          "seconds_lower_bound"}
+ADAMW = ["--optimizer", "adamw", "--steps-per-call", "1"]  # one optimizer step a call: its FLOPs are the model's
+
+
+def matmul_flops(n_layer, d_model, d_ff, vocab, tokens) -> float:
+    "Training FLOPs of the matrix products of a plain (non-SwiGLU) model: 6 × their weights × tokens."
+    return 6 * (n_layer * (4 * d_model**2 + 2 * d_model * d_ff) + d_model * vocab) * tokens
+
+
+@needs_compilers
+def test_a_tpu_v5e_chip_compiles_the_planned_programs():
+    r = report("--profile", "tpu-v5e", "--model-preset", "tiny", "--vocab-size", "4096", "--batch-size", "8", *ADAMW)
+    train, generate = r["train"], r["generate"]
+    assert FIELDS <= set(train) and FIELDS <= set(generate)
+    assert r["device"] == "TPU v5 lite" and train["fits"] and train["device_memory"] == 15.75 * 2**30
+    assert train["attention"] == "splash"  # the Pallas kernel, compiled by libtpu
+    assert [loop["trips"] for loop in train["while_loops"]] == [4, 4]  # the 4 layers, forward and backward
+    # the compiled program's matrix products, counted per trip, are the model's: 6 × weights × tokens
+    assert train["flops"] == pytest.approx(matmul_flops(4, 128, 384, 4096, 8 * 128), rel=0.01)
+    assert 0 < train["memory"]["total"] < train["estimated_memory"] * 2
+    assert [loop["trips"] for loop in generate["while_loops"]] == [None]  # the decode chunk's loop: its length given
+    assert generate["bytes_accessed"] > 4 * 1.18e6  # at least the f32 weights, read once a token
+
+
+@needs_compilers
+def test_a_v6e_chip_and_a_v5e_slice_of_four():
+    v6e = report("--profile", "tpu-v6e", "--model-preset", "nano", "--batch-size", "4", "--no-generate")
+    assert v6e["device"] == "TPU v6 lite" and v6e["train"]["device_memory"] == 31.25 * 2**30
+    slice4 = report("--profile", "tpu-v5e", "--devices", "4", "--model-preset", "nano", "--batch-size", "4",
+                    "--no-generate", *ADAMW)
+    train = slice4["train"]
+    assert slice4["num_devices"] == 4 and train["mesh"] == {"data": 4, "fsdp": 1} and train["attention"] == "splash"
+    one = report("--profile", "tpu-v5e", "--model-preset", "nano", "--batch-size", "4", "--no-generate", *ADAMW)
+    # per device, a slice of four does one chip's work at the same batch a device (plus the gradients' mean)
+    assert train["flops"] == pytest.approx(one["train"]["flops"], rel=0.01)
+
+
+@needs_compilers
+def test_an_h100_and_eight_a100s():
+    h100 = report("--profile", "h100", "--model-preset", "tiny", "--vocab-size", "4096", "--batch-size", "8", *ADAMW)
+    train = h100["train"]
+    assert train["attention"] == "cudnn" and train["fits"]  # cuDNN's flash kernel, as on the device
+    assert train["flops"] == pytest.approx(matmul_flops(4, 128, 384, 4096, 8 * 128), rel=0.01)
+    assert train["device_memory"] == int(79.6 * 2**30 * 0.75)  # JAX's allocator's share
+    a100s = report("--profile", "a100-40gb", "--devices", "8", "--model-preset", "nano", "--batch-size", "2",
+                   "--no-generate")
+    assert a100s["num_devices"] == 8 and a100s["train"]["mesh"] == {"data": 8, "fsdp": 1}
+    assert a100s["device"] == "NVIDIA A100-SXM4-40GB" and a100s["train"]["attention"] == "cudnn"
+
+
+@needs_compilers
+def test_what_does_not_fit_is_one_line():
+    tpu = compile_run("--profile", "tpu-v5e", "--model-preset", "nano", "--seq-len", "1024", "--batch-size", "4096",
+                      "--no-generate")
+    assert tpu.returncode == 2 and "Traceback" not in tpu.stderr, tpu.stderr[-2000:]
+    line = tpu.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: the training step does not fit there: RESOURCE_EXHAUSTED") and "exceeds" in line
+    gpu = compile_run("--profile", "h100", "--model-preset", "nano", "--seq-len", "1024", "--batch-size", "4096",
+                      "--no-generate", "--json")
+    assert gpu.returncode == 2 and json.loads(gpu.stdout)["train"]["fits"] is False  # the report, then the error
+    assert gpu.stderr.strip().splitlines()[-1].startswith("error: the training step needs")
+
+
+def test_without_the_compilers_it_says_what_to_install():
+    r = compile_run("--profile", "tpu-v5e", env=WITHOUT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "pip install" in r.stderr and '"libtpu==' in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--profile", "cpu"], "tiny-lm compile needs a --profile to compile for"),
+    (["--profile", "t4"], "tiny-lm compile needs a --profile to compile for"),
+    (["--profile", "tpu-v5e", "--devices", "3"], "power of two"),
+    (["--profile", "h100", "--devices", "0"], "--devices must be at least 1"),
+])
+def test_bad_targets_are_one_line(flags, says):
+    r = compile_run(*flags, env=WITH if HAVE else WITHOUT)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
