@@ -81,6 +81,9 @@ def cases() -> list:
         table.append((f"train: {kind}", ["train", *BASE, "--max-steps", "2", "--output-dir", "{W}/new", *flags], said))
         if not kind.startswith("resume"):  # plan plans new runs: it refuses --resume-from whatever it names
             table.append((f"plan: {kind}", ["plan", *BASE, "--output-dir", "{W}/new", *flags], said))
+            # compile plans as plan does, its paths checked before its compilers are looked for (none here)
+            table.append((f"compile: {kind}", ["compile", "--profile", "h100", *BASE, "--output-dir", "{W}/new",
+                                               *flags], said))
         if kind.startswith(("data", "tokenizer")) and not any(k in kind for k in NOT_IN_BENCH_DATA):
             table.append((f"bench data: {kind}", ["bench", "data", "--tokens", "1000", *flags], said))
         if kind.startswith("data"):

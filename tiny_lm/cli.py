@@ -19,7 +19,7 @@ import jax
 
 from .bench import bench_data, bench_generate, bench_train, describe_bench
 from .checkpoint import committed_steps, load_checkpoint, locate_run, run_meta
-from .compile import check_target, compile_run, compile_targets, cpu_only, describe_compiled
+from .compile import check_compiler, check_target, compile_run, compile_targets, cpu_only, describe_compiled
 from .copies import cloud_destination, redact
 from .cpu import lean_host_memory
 from .data import DataConfig, TextSource, open_source, source_kind
@@ -30,7 +30,7 @@ from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAP
 from .generate import generate_batch
 from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
-from .profiles import (HARDWARE, Length, Plan, bytes_per_token_guess, device_memory, match_hardware, plan_run,
+from .profiles import (HARDWARE, Hardware, Length, Plan, bytes_per_token_guess, device_memory, match_hardware, plan_run,
                               steps_per_call_dividing)
 from .run import (RunConfig, Trainer, check_continued_model, check_run_folder, check_continued_optimizer,
                          describe_inspection, duration, inspect_run, mesh_devices, recorded_model, resolve_resume,
@@ -43,8 +43,8 @@ from .train import Interrupted, TrainConfig
 # %% auto #0
 __all__ = ['TOKENIZER_TRAINING', 'COMMANDS', 'model_from_args', 'configs_from_args', 'check_tokenizer_flags',
            'run_config_from_args', 'planned_length', 'apply_profile', 'run_train', 'plan_report', 'run_plan',
-           'run_compile', 'result_checkpoint', 'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size',
-           'run_bench', 'main']
+           'compile_target', 'compiled_run', 'check_compiled_fits', 'run_compile', 'result_checkpoint', 'run_generate',
+           'run_eval', 'run_export', 'run_inspect', 'run_size', 'run_bench', 'main']
 
 # %% ../nbs/09_cli.ipynb #8ac95d4f
 def _precision(args) -> str | None:
@@ -287,7 +287,7 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     _fill_unset(args, fitted if not sizing else replace(fitted, learning_rate=plan.learning_rate))
     kind = jax.devices()[0].device_kind
     here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
-    if not plan.detected and plan.profile != here and args.command != "compile":  # compile builds for elsewhere
+    if not plan.detected and plan.profile != here and args.command != "compile" and not getattr(args, "compile", 0):
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
     if sizing:
         if plan.epochs_limit and args.epochs is None:  # the text cannot feed the whole time: its passes end the run
@@ -359,13 +359,12 @@ def plan_report(plan: Plan, model: ModelConfig, args) -> dict:
 
 def run_plan(args) -> dict:
     "Print the plan `tiny-lm train` would follow with the same flags, and why; nothing is trained or written."
-    if args.resume_from is not None:
-        raise TinyLMError("tiny-lm plan plans a new run, and a resumed run keeps the settings it started with: leave "
-                          "out --resume-from")
+    _new_run_only(args, "tiny-lm plan")
     if args.profile == "none":
         raise TinyLMError("--profile none plans nothing (every unset flag keeps its default): leave it out, or name a "
                           "profile")
     _check_devices(args)
+    hw = compile_target(args, "tiny-lm plan --compile") if args.compile else None
     split_cpu(args.cpu_devices)  # the devices train would run on: a CPU's speed is timed on them
     run_config_from_args(args)  # the copy and compile-cache flags checked as train checks them
     check_run_folder(args.output_dir)  # and the folder it would write
@@ -378,7 +377,13 @@ def run_plan(args) -> dict:
     if committed_steps(args.output_dir) and not args.overwrite:
         print(f"note: {args.output_dir} holds a run: tiny-lm train with these flags would continue it with its own "
               "settings; this is the plan for a new run there (--overwrite) or in another --output-dir")
-    print(json.dumps(report, indent=2) if args.json else plan.describe())
+    if hw is not None:  # the planned run compiled for the profile's device, by its own compiler (08d_compile)
+        check_compiler(hw)
+        report["compiled"] = compiled_run(args, model, hw, generate=False)
+    print(json.dumps(report, indent=2) if args.json else
+          "\n".join([plan.describe(), *([describe_compiled(report["compiled"])] if hw else [])]))
+    if hw is not None:
+        check_compiled_fits(report["compiled"], hw)
     if plan.detected:  # the memory the run would need here, said as train says it (a named profile's plan fits its own)
         fsdp = run_mesh(args.mesh, model, args.batch_size).shape["fsdp"]
         warn_if_too_big(model, args.batch_size, fsdp, say=lambda line: print(line, file=sys.stderr))
@@ -391,29 +396,50 @@ def _check_devices(args) -> None:
         raise TinyLMError(f"--devices applies to a named GPU or TPU --profile (auto and cpu use this machine's "
                           f"devices): add --profile {compile_targets()[0]}, or leave out --devices")
 
+def compile_target(args, command: str = "tiny-lm compile") -> Hardware:
+    ("The named profile `args` compile for (a slice that exists), checked before any slow work; then JAX starts on "
+     "the CPU alone. Whether its compiler is installed is checked after the paths (`check_compiler`).")
+    if args.profile not in compile_targets():
+        raise TinyLMError(f"{command} needs a --profile to compile for: one of {', '.join(compile_targets())}")
+    hw = HARDWARE[args.profile]
+    check_target(hw, args.devices or 1)
+    cpu_only()  # before anything asks JAX for a device
+    return hw
+
+def _new_run_only(args, command: str) -> None:
+    if args.resume_from is not None:
+        raise TinyLMError(f"{command} plans a new run, and a resumed run keeps the settings it started with: leave "
+                          "out --resume-from")
+
+def compiled_run(args, model: ModelConfig, hw: Hardware, generate: bool = True) -> dict:
+    "`compile_run`'s report of the run the flags (as the plan filled them) give `model` on `--devices` of `hw`."
+    train_cfg = configs_from_args(args, {})[3]
+    return compile_run(model, train_cfg, hw, args.devices or 1, args.mesh, generate=generate)
+
+def check_compiled_fits(report: dict, hw: Hardware) -> None:
+    "The compiled training step fits a device of `hw`, or a one-line error of what to change."
+    if not report["train"]["fits"]:
+        raise TinyLMError(f"the training step needs {report['train']['memory']['total'] / 2**30:.2f} GiB a device, "
+                          f"more than the {report['train']['device_memory'] / 2**30:.2f} a {hw.kind} gives it: give a "
+                          "smaller --batch-size (with --gradient-accumulation-steps), --remat block, a smaller model, "
+                          "or more --devices")
+
 def run_compile(args) -> dict:
     ("Compile the planned run's training and decode calls for `--profile` with its own compiler; print the report "
      "(`--json`: one object). A run that does not fit its device is an error, after the report.")
-    if args.profile not in compile_targets():
-        raise TinyLMError(f"tiny-lm compile needs a --profile to compile for: one of {', '.join(compile_targets())}")
-    hw = HARDWARE[args.profile]
-    check_target(hw, args.devices or 1)  # a slice that exists, and its compiler installed
-    cpu_only()  # before anything asks JAX for a device
+    hw = compile_target(args)
+    _new_run_only(args, "tiny-lm compile")
+    run_config_from_args(args)  # the flags of the run it compiles, checked as train checks them
     check_run_folder(args.output_dir)
     configs_from_args(args, {})
     init = _init_from(args)
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
         apply_profile(args, {}, init)
     model = model_from_args(args, _planned_vocab(args, init), base=recorded_model({}, init))
-    train_cfg = configs_from_args(args, {})[3]
-    report = compile_run(model, train_cfg, hw, args.devices or 1, args.mesh, generate=not args.no_generate)
+    check_compiler(hw)  # before the slow part, the compiling
+    report = compiled_run(args, model, hw, generate=not args.no_generate)
     print(json.dumps(report, indent=2) if args.json else describe_compiled(report))
-    if not report["train"]["fits"]:
-        memory = report["train"]["memory"]["total"] / 2**30
-        raise TinyLMError(f"the training step needs {memory:.2f} GiB a device, more than the "
-                          f"{report['train']['device_memory'] / 2**30:.2f} a {hw.kind} gives it: give a smaller "
-                          "--batch-size (with --gradient-accumulation-steps), --remat block, a smaller model, or more "
-                          "--devices")
+    check_compiled_fits(report, hw)
     return report
 
 # %% ../nbs/09_cli.ipynb #cf3c6b0e

@@ -165,6 +165,9 @@ def _plan_parser(sub) -> None:
                       "time and the data, batch, rate, steps, epochs) and why, without training or writing anything")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the plan's lines "
                    "(default: the lines)")
+    p.add_argument("--compile", action="store_true", help="also compile the planned training call for the named "
+                   "--profile with its device's own compiler, and fail where it does not fit (tiny-lm compile's "
+                   "report; the extra tiny_lm[compile]) (default: off)")
     _devices_flag(p)
 
 def _devices_flag(p) -> None:

@@ -166,9 +166,11 @@ def state_bytes_per_device(state) -> int:
     return max(per_device.values())
 
 # %% ../nbs/05_parallel.ipynb #400fc2a9
-def sharded_memory_bytes(cfg: ModelConfig, per_device_batch: int, fsdp: int = 1, kernel: str = "xla") -> float:
-    "Estimated training bytes per device when the state is split over `fsdp` devices (the activations are not)."
-    memory = train_memory_bytes(cfg, per_device_batch, kernel=kernel)
+def sharded_memory_bytes(cfg: ModelConfig, per_device_batch: int, fsdp: int = 1, kernel: str = "xla",
+                         device_memory: int | None = None) -> float:
+    ("Estimated training bytes per device when the state is split over `fsdp` devices (the activations are not), "
+     "on devices of `device_memory` bytes (where the loss slices its logits).")
+    memory = train_memory_bytes(cfg, per_device_batch, kernel=kernel, memory_bytes=device_memory)
     return (memory["parameters"] + memory["gradients"] + memory["optimizer"]) / fsdp + memory["activations"]
 
 def choose_mesh(cfg: ModelConfig, per_device_batch: int, num_devices: int, device_memory: int,
@@ -176,7 +178,7 @@ def choose_mesh(cfg: ModelConfig, per_device_batch: int, num_devices: int, devic
     """`{'data': N, 'fsdp': M}`: replicated if the training state fits one device,
     else the smallest `fsdp` that fits (all devices if none does)."""
     for fsdp in (f for f in range(1, num_devices + 1) if num_devices % f == 0):
-        if sharded_memory_bytes(cfg, per_device_batch, fsdp, kernel) <= headroom * device_memory:
+        if sharded_memory_bytes(cfg, per_device_batch, fsdp, kernel, device_memory) <= headroom * device_memory:
             return {"data": num_devices // fsdp, "fsdp": fsdp}
     return {"data": 1, "fsdp": num_devices}
 

@@ -134,7 +134,7 @@ def choose_preset(hw: Hardware, vocab_size: int = 4096, num_devices: int = 1, me
     def ok(name: str) -> bool:
         cfg = replace(preset_config(name, vocab_size), dtype=dtype)
         kernel = attention_implementation(cfg, device=device)
-        return (train_memory_bytes(cfg, 1, kernel=kernel)["total"] <= 0.9 * memory
+        return (train_memory_bytes(cfg, 1, kernel=kernel, memory_bytes=memory)["total"] <= 0.9 * memory
                 and compute_optimal_hours(cfg, peak * num_devices) <= SESSION_HOURS)
     return ([name for name in PRESETS if ok(name)] or ["nano"])[-1]
 
@@ -469,7 +469,7 @@ def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected:
     peak = _peak(hw, cfg.dtype)
     return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum,
                 choose_learning_rate(cfg), cfg.dtype, kernel, SAVE_MINUTES[hw.platform],
-                train_memory_bytes(cfg, micro, remat, kernel)["total"],
+                train_memory_bytes(cfg, micro, remat, kernel, memory)["total"],
                 compute_optimal_hours(cfg, peak * num_devices) if peak else None,
                 choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat,
                 optimizer=choose_optimizer(cfg, micro * accum * cfg.seq_len))

@@ -308,7 +308,8 @@ def warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1
     "Say so before the first step when the training-memory estimate exceeds the device, with a batch that fits."
     kernel = attention_implementation(model_cfg)  # a flash kernel stores no attention scores
     report = size_report(model_cfg, per_device_batch, device_memory(), kernel=kernel)
-    need, have = sharded_memory_bytes(model_cfg, per_device_batch, fsdp, kernel), report["device_memory_bytes"]
+    have = report["device_memory_bytes"]
+    need = sharded_memory_bytes(model_cfg, per_device_batch, fsdp, kernel, have)
     if need <= 0.9 * have:
         return
     fitting = report["fitting_batch"]

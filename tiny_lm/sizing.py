@@ -11,9 +11,10 @@ from .errors import TinyLMError
 from .model import REMAT, ModelConfig
 
 # %% auto #0
-__all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'TOKENS_PER_PARAM', 'PEAK_FLOPS', 'param_breakdown',
-           'param_count', 'preset_config', 'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes',
-           'fitting_batch', 'size_report', 'cpu_name', 'cache_file', 'measured_once', 'cpu_peak_flops', 'peak_flops']
+__all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'COMPILED_KEPT', 'LOGITS_MEMORY_SHARE',
+           'LOSS_CHUNK_BYTES', 'TOKENS_PER_PARAM', 'PEAK_FLOPS', 'param_breakdown', 'param_count', 'preset_config',
+           'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes', 'fitting_batch', 'size_report',
+           'cpu_name', 'cache_file', 'measured_once', 'cpu_peak_flops', 'peak_flops']
 
 # %% ../nbs/02_sizing.ipynb #04e5eef8
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
@@ -136,28 +137,52 @@ def target_config(
                       "(widths up to 8192, up to 96 layers): give --d-model and --num-layers instead")
 
 # %% ../nbs/02_sizing.ipynb #fe0f3318
+# Bytes a token that a GPU's and a TPU's compiled training step keep (bf16, a flash kernel): per unit of model width D
+# and of MLP width F in each layer, and per vocabulary entry in the head's loss. Fitted to the steps their own
+# compilers build (08d_compile: XLA's GPU compiler for an H100, libtpu for a v5e chip, jax 0.10.2) of the medium and
+# large presets at 4 and 16 sequences and, on the GPU, GPT-2 small; the count above kept 18·D + 4·F and 12·V, 1.3-1.9x
+# too little for the layers and too much for the head. A CPU's step keeps what the count says (checked below).
+COMPILED_KEPT = {"cudnn": (22.3, 10.8, 4.7), "splash": (56.8, 4.5, 10.0)}
+LOGITS_MEMORY_SHARE = 1 / 8  # loss_fn slices the fp32 [B, T, V] logits where they would take more of a device's memory
+LOSS_CHUNK_BYTES = 2**26  # the fp32 logits of one slice of the sequence: 64 MiB
+
+def _sliced(cfg: ModelConfig, batch_size: int, memory_bytes: int | None) -> bool:
+    "Whether 04_train's `loss_fn` slices the logits of this micro-batch on a device of `memory_bytes`."
+    logits = 4 * batch_size * cfg.seq_len * cfg.vocab_size  # bytes of the micro-batch's fp32 logits
+    return memory_bytes is not None and logits > LOGITS_MEMORY_SHARE * memory_bytes
+
+def _kept_per_token(cfg: ModelConfig, kernel: str, act_bytes: int, sliced: bool = False) -> tuple[float, float]:
+    ("Bytes a token that one block keeps for the backward pass, and that the loss keeps for the head's (sliced: "
+     "the features' fp32 gradient, made slice by slice in the forward pass).")
+    if kernel in COMPILED_KEPT:
+        per_D, per_F, per_V = COMPILED_KEPT[kernel]
+        return per_D * cfg.d_model + per_F * cfg.d_ff, 4 * cfg.d_model if sliced else per_V * cfg.vocab_size
+    scores = 4 * 3 * cfg.n_head * cfg.seq_len if kernel == "xla" else 4 * cfg.n_head  # fp32 scores, or a flash
+    per_block = act_bytes * (9 * cfg.d_model + (4 if cfg.use_swiglu else 2) * cfg.d_ff) + scores  # kernel's stats
+    return per_block, 4 * cfg.d_model if sliced else 4 * 3 * cfg.vocab_size
+
 def train_memory_bytes(
     cfg: ModelConfig,
     batch_size: int,  # sequences per micro-batch on one device
     remat: str = "none",  # what the backward pass recomputes (TrainConfig.remat): none, block or dots
     kernel: str = "xla",  # the attention kernel: 'xla' stores the scores; flash kernels ('cudnn', 'splash') never do
+    memory_bytes: int | None = None,  # the device's: where the logits would take much of it the loss slices them
 ) -> dict[str, int]:
     "Estimated peak bytes of one training step on one device, by part, and their `total`."
     if remat not in REMAT:
         raise TinyLMError(f"remat {remat!r} is unknown: choose one of {', '.join(REMAT)}")
-    P, D, F, H, T, L, V = param_count(cfg), cfg.d_model, cfg.d_ff, cfg.n_head, cfg.seq_len, cfg.n_layer, cfg.vocab_size
+    P, D, F, H, T, L = param_count(cfg), cfg.d_model, cfg.d_ff, cfg.n_head, cfg.seq_len, cfg.n_layer
     low = cfg.dtype in ("bfloat16", "float16")
     act_bytes = 2 if low else 4
-    scores = 4 * 3 * H * T if kernel == "xla" else 4 * H  # fp32 scores, or a flash kernel's softmax statistics
-    per_block = act_bytes * (9 * D + (4 if cfg.use_swiglu else 2) * F) + scores  # bytes per token
-    logits = 4 * 3 * V
+    sliced = _sliced(cfg, batch_size, memory_bytes)
+    per_block, logits = _kept_per_token(cfg, kernel, act_bytes, sliced)  # bytes per token
     matmul_outputs = 3 * D + 2 * (cfg.n_kv_head or H) * cfg.head_dim + (2 if cfg.use_swiglu else 1) * F
     kept = {"none": L * per_block + logits,  # every block's activations, and the logits on top
             "block": L * act_bytes * D + max(per_block, logits),  # the inputs, and one block or the logits at a time
             "dots": L * act_bytes * (D + matmul_outputs) + max(per_block, logits)}[remat]
     trained = param_breakdown(cfg)["lora"] if cfg.lora_rank else P  # LoRA: gradients and moments for the adapters only
     parts = {"parameters": 4 * P + (2 * P if low else 0), "gradients": 4 * trained, "optimizer": 8 * trained,
-             "activations": batch_size * T * kept}
+             "activations": batch_size * T * kept + (3 * LOSS_CHUNK_BYTES if sliced else 0)}  # a slice's, at most
     return {**parts, "total": sum(parts.values())}
 
 def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int, headroom: float = 0.9,
@@ -165,7 +190,7 @@ def fitting_batch(cfg: ModelConfig, batch_size: int, memory_bytes: int, headroom
     """The largest micro-batch (a divisor of `batch_size`) whose step fits in `headroom × memory_bytes`,
     and the accumulation steps that keep the batch; None if not even 1 fits."""
     for micro in sorted((b for b in range(1, batch_size + 1) if batch_size % b == 0), reverse=True):
-        if train_memory_bytes(cfg, micro, remat, kernel)["total"] <= headroom * memory_bytes:
+        if train_memory_bytes(cfg, micro, remat, kernel, memory_bytes)["total"] <= headroom * memory_bytes:
             return micro, batch_size // micro
     return None
 
@@ -180,7 +205,7 @@ def size_report(
 ) -> dict:
     "Shape, parameter counts, training FLOPs per token and memory of `cfg`, with the names `tiny-lm size --json` uses."
     parts = param_breakdown(cfg)
-    memory = train_memory_bytes(cfg, batch_size, kernel=kernel)
+    memory = train_memory_bytes(cfg, batch_size, kernel=kernel, memory_bytes=device_memory)
     report = {"params": param_count(cfg),
               "non_embedding_params": param_count(cfg) - parts["embedding"] - parts["positions"],
               "d_model": cfg.d_model, "num_layers": cfg.n_layer, "num_heads": cfg.n_head, "num_kv_heads": cfg.n_kv_head,

@@ -32,15 +32,15 @@ from .errors import TinyLMError, folder_to_write
 from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
 from .schedule import SCHEDULES, clock_rates, decay_data, decay_from, new_schedule, schedule_fn
 from .show import LivePlot, in_notebook, plot_losses
-from .sizing import flops_per_token, peak_flops
+from .sizing import LOGITS_MEMORY_SHARE, LOSS_CHUNK_BYTES, flops_per_token, peak_flops
 from .target import target_memory
 
 # %% auto #0
-__all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'LOGITS_MEMORY_SHARE', 'LOSS_CHUNK_BYTES', 'DROPOUT_STREAM',
-           'COMPILE_CACHE', 'TrainConfig', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip',
-           'init_model', 'set_schedule', 'loss_fn', 'logits_budget', 'chunked_cross_entropy', 'dropout_key',
-           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog',
-           'Interrupted', 'stop_signals', 'budget_optimizer', 'fit']
+__all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig', 'decay_mask',
+           'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn',
+           'logits_budget', 'chunked_cross_entropy', 'dropout_key', 'make_train_step', 'steps_in_one_call',
+           'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog', 'Interrupted', 'stop_signals',
+           'budget_optimizer', 'fit']
 
 # %% ../nbs/04_train.ipynb #4b51dc63
 SAVED_BEFORE = {"lr_schedule": "cosine"}  # runs saved before a field existed trained with this value of it
@@ -220,8 +220,7 @@ def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | No
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
 
 # %% ../nbs/04_train.ipynb #b3435e67
-LOGITS_MEMORY_SHARE = 1 / 8  # loss_fn slices the fp32 [B, T, V] logits where they would take more of a device's memory
-LOSS_CHUNK_BYTES = 2**26  # the fp32 logits of one slice of the sequence: 64 MiB
+# LOGITS_MEMORY_SHARE and LOSS_CHUNK_BYTES live in 02_sizing, whose memory estimate slices where loss_fn does
 
 def logits_budget() -> int:
     ("Bytes the fp32 logits of a batch may take before `loss_fn` slices them: a share of the memory that holds them. "
