@@ -92,7 +92,7 @@ def test_what_does_not_fit_is_one_line():
     assert tpu.returncode == 2 and "Traceback" not in tpu.stderr, tpu.stderr[-2000:]
     line = tpu.stderr.strip().splitlines()[-1]
     assert line.startswith("error: the training step does not fit there: RESOURCE_EXHAUSTED") and "exceeds" in line
-    gpu = compile_run("--profile", "h100", "--model-preset", "nano", "--seq-len", "1024", "--batch-size", "4096",
+    gpu = compile_run("--profile", "h100", "--model-preset", "nano", "--seq-len", "1024", "--batch-size", "16384",
                       "--no-generate", "--json")
     assert gpu.returncode == 2 and json.loads(gpu.stdout)["train"]["fits"] is False  # the report, then the error
     assert gpu.stderr.strip().splitlines()[-1].startswith("error: the training step needs")

@@ -484,17 +484,23 @@ def _gib(n: float) -> str:
 def _versus(ours: float, theirs: float) -> str:
     return f"{ours / theirs:.2f}× the compiler's" if theirs else "the compiler's is 0"
 
+def _amount(n: float, unit: str, base: int = 1000) -> str:
+    "`n` in giga- units, or mega- below a tenth of a giga (a tiny model's program): 4.56 GB, 12.30 MiB."
+    big, binary = n >= 0.1 * base**3, "i" if base == 1024 else ""
+    return f"{n / base ** (3 if big else 2):,.2f} {'G' if big else 'M'}{binary}{unit}"
+
 def describe_program(report: dict, unit: str) -> list[str]:
     "A compiled program's report in four lines."
     m, loops = report["memory"], report["while_loops"]
     trips = ", ".join("run-time" if loop["trips"] is None else str(loop["trips"]) for loop in loops)
-    bound = report["seconds_lower_bound"]
-    return [f"  memory    {_gib(m['total'])} GiB of {_gib(report['device_memory'])} a device "
-            f"(arguments {_gib(m['arguments'])}, outputs {_gib(m['outputs'])}, temporaries {_gib(m['temporaries'])}"
-            f"){'' if report['fits'] else ': does NOT fit'}; tiny_lm estimated {_gib(report['estimated_memory'])} "
+    bound, size = report["seconds_lower_bound"], lambda n: _amount(n, "B", 1024)
+    return [f"  memory    {size(m['total'])} of {size(report['device_memory'])} a device "
+            f"(arguments {size(m['arguments'])}, outputs {size(m['outputs'])}, temporaries {size(m['temporaries'])}"
+            f"){'' if report['fits'] else ': does NOT fit'}; tiny_lm estimated {size(report['estimated_memory'])} "
             f"({_versus(report['estimated_memory'], m['total'])})",
-            f"  work      {report['flops'] / 1e9:,.1f} GFLOP of matrix products a {unit} (tiny_lm counts "
-            f"{report['estimated_flops'] / 1e9:,.1f} with attention), {report['bytes_accessed'] / 1e9:,.2f} GB moved",
+            f"  work      {_amount(report['flops'], 'FLOP')} of matrix products a {unit} (tiny_lm counts "
+            f"{_amount(report['estimated_flops'], 'FLOP')} with attention), {_amount(report['bytes_accessed'], 'B')} "
+            f"moved",
             f"  program   {_KERNELS[report['attention']]}; {len(loops)} loop(s)"
             f"{f' ({trips} trips)' if loops else ''}; {report['copies']} copies",
             f"  at best   {bound * 1e3:,.3f} ms a {unit}, by the device's peak and memory bandwidth"]

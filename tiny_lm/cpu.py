@@ -75,12 +75,11 @@ def compiler_options() -> dict:
 
 # %% ../nbs/15_performance.ipynb #5070e374
 def scan_layers(body: Callable, carry, xs):
-    "`jax.lax.scan(body, carry, xs)` over the layers: unrolled where lowered for a CPU, rolled elsewhere."
+    "`jax.lax.scan(body, carry, xs)` over the layers: unrolled where lowered for a CPU or a GPU, rolled on a TPU."
     rolled = lambda carry, xs: jax.lax.scan(body, carry, xs)
-    if not fast_path():
-        return rolled(carry, xs)
     unrolled = lambda carry, xs: jax.lax.scan(body, carry, xs, unroll=True)
-    return jax.lax.platform_dependent(carry, xs, cpu=unrolled, default=rolled)
+    return jax.lax.platform_dependent(carry, xs, cpu=unrolled if fast_path() else rolled, cuda=unrolled,
+                                      default=rolled)
 
 # %% ../nbs/15_performance.ipynb #f222d925
 def _replicated_mesh(state) -> Mesh | None:

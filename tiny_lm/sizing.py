@@ -139,10 +139,11 @@ def target_config(
 # %% ../nbs/02_sizing.ipynb #fe0f3318
 # Bytes a token that a GPU's and a TPU's compiled training step keep (bf16, a flash kernel): per unit of model width D
 # and of MLP width F in each layer, and per vocabulary entry in the head's loss. Fitted to the steps their own
-# compilers build (08d_compile: XLA's GPU compiler for an H100, libtpu for a v5e chip, jax 0.10.2) of the medium and
-# large presets at 4 and 16 sequences and, on the GPU, GPT-2 small; the count above kept 18·D + 4·F and 12·V, 1.3-1.9x
-# too little for the layers and too much for the head. A CPU's step keeps what the count says (checked below).
-COMPILED_KEPT = {"cudnn": (22.3, 10.8, 4.7), "splash": (56.8, 4.5, 10.0)}
+# compilers build (08d_compile: XLA's GPU compiler for an H100, its layers unrolled as `scan_layers` unrolls them
+# there; libtpu for a v5e chip, rolled; jax 0.10.2) of the medium and large presets at 4 and 16 sequences and, on the
+# GPU, the tiny and small presets and GPT-2 small too (each within 3 %). The count above keeps 18·D + 4·F and 12·V:
+# a TPU's rolled layers keep 1.9x that. A CPU's step keeps what the count says (checked below).
+COMPILED_KEPT = {"cudnn": (15.2, 4.7, 5.7), "splash": (56.8, 4.5, 10.0)}
 LOGITS_MEMORY_SHARE = 1 / 8  # loss_fn slices the fp32 [B, T, V] logits where they would take more of a device's memory
 LOSS_CHUNK_BYTES = 2**26  # the fp32 logits of one slice of the sequence: 64 MiB
 
