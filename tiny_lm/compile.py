@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh
 
 from .errors import TinyLMError
-from .generate import lower_decode
+from .generate import DECODE_CHUNK, lower_decode
 from .model import ModelConfig, Transformer, attention_implementation
 from .parallel import MESH_AXES, batch_sharding, choose_mesh, parse_mesh, state_shardings
 from .profiles import Hardware, usable_memory
@@ -311,12 +311,19 @@ def _uses(name: str, fused: list[Instruction]) -> list[tuple[Instruction, int]]:
                 found += _uses(i.name, fused) if i.opcode in _VIEWS and len(i.operands) == 1 else [(i, position)]
     return found
 
+_PARTIAL_READS = ("dynamic-slice", "slice", "gather")  # read only the elements they give
+
+def _elements(shape: str) -> int:
+    return sum(math.prod(dims) for _, dims, _ in hlo_arrays(shape))
+
 def _read(parameter: Instruction, fused: list[Instruction], whole: int) -> int:
-    ("Bytes a fusion reads of one operand (`whole` bytes): a slice where it only slices it (a loop's stacked "
-     "weights, a step's batch), nothing where it only updates it in place, else all of it.")
+    ("Bytes a fusion reads of one operand (`whole` bytes): the parts it takes where it only slices or gathers from "
+     "it (a loop's stacked weights, a step's batch, the query third of a fused projection, the targets' logits), "
+     "nothing where it only updates it in place, else all of it.")
     uses = _uses(parameter.name, fused)
-    if uses and all(i.opcode == "dynamic-slice" and position == 0 for i, position in uses):
-        return sum(shape_bytes(i.shape) for i, _ in uses)
+    if uses and all(i.opcode in _PARTIAL_READS and position == 0 for i, position in uses):
+        share = sum(_elements(i.shape) for i, _ in uses) / max(1, _elements(parameter.shape))
+        return min(whole, round(share * whole))  # by elements: a slice taken after a `convert` is the same part
     if uses and all(i.opcode == "dynamic-update-slice" and position == 0 for i, position in uses):
         return 0
     return whole
@@ -431,10 +438,12 @@ def estimated_train_memory(cfg: ModelConfig, train_cfg: TrainConfig, fsdp: int, 
     return (memory["parameters"] + memory["gradients"] + memory["optimizer"]) / fsdp + memory["activations"]
 
 def decode_estimates(cfg: ModelConfig, batch: int = 1) -> tuple[float, float]:
-    "tiny_lm's estimate of decoding: (bytes of the weights and cache it holds, FLOPs per token at a full window)."
-    cache = 2 * cfg.n_layer * batch * cfg.n_kv_head * cfg.seq_len * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+    ("tiny_lm's estimate of decoding: (bytes of the weights and cache it holds, FLOPs per token at a full window); "
+     "the weights in the compute dtype, as the layers hold them (07_generate's `compute_copy`).")
+    itemsize = jnp.dtype(cfg.dtype).itemsize
+    cache = 2 * cfg.n_layer * batch * cfg.n_kv_head * cfg.seq_len * cfg.head_dim * itemsize
     n_matmul = (flops_per_token(cfg) - 12 * cfg.n_layer * cfg.d_model * cfg.seq_len) / 6
-    return 4 * param_count(cfg) + cache, batch * (2 * n_matmul + 4 * cfg.n_layer * cfg.d_model * cfg.seq_len)
+    return itemsize * param_count(cfg) + cache, batch * (2 * n_matmul + 4 * cfg.n_layer * cfg.d_model * cfg.seq_len)
 
 # %% ../nbs/08d_compile.ipynb #7c492f19
 def _train_report(cfg: ModelConfig, train_cfg: TrainConfig, hw: Hardware, devices: list, mesh_spec: str | None):
@@ -456,7 +465,7 @@ def _generate_report(cfg: ModelConfig, hw: Hardware, device) -> dict:
     compiled = compile_lowered(lower_decode(model, sharding=on_device), "decoding")
     seconds = time.perf_counter() - started
     held, flops = decode_estimates(cfg)
-    return program_report(compiled, hw, 1, held, flops) | {"compile_seconds": round(seconds, 2),
+    return program_report(compiled, hw, DECODE_CHUNK, held, flops) | {"compile_seconds": round(seconds, 2),
                                                           "params": param_count(cfg)}
 
 def compile_run(cfg: ModelConfig, train_cfg: TrainConfig, hw: Hardware, n: int = 1, mesh: str | None = None,

@@ -19,8 +19,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from .target import target_platform
 
 # %% auto #0
-__all__ = ['fast_path', 'cpu_matmul', 'dot_general', 'compiler_options', 'scan_layers', 'one_all_reduce', 'lean_host_memory',
-           'release_freed_memory']
+__all__ = ['fast_path', 'cpu_matmul', 'one_row_as_two', 'dot_general', 'compiler_options', 'scan_layers', 'one_all_reduce',
+           'lean_host_memory', 'release_freed_memory']
 
 # %% ../nbs/15_performance.ipynb #8c227487
 def fast_path() -> bool:
@@ -47,13 +47,23 @@ def _cpu_matmul_bwd(residuals, dy_MO):
 
 cpu_matmul.defvjp(_cpu_matmul_fwd, _cpu_matmul_bwd)
 
+def one_row_as_two(x_1I: jax.Array, w_IO: jax.Array) -> jax.Array:
+    """`x·W` for a single row `x`, computed on two (the second zeros) and the first kept: XLA's GPU compiler turns a
+    vector's product with a matrix under 10 M elements into a multiply that writes a weight-sized product and a
+    reduction that reads it back, three bytes moved for each byte of weight; two rows are a GEMM, which reads the
+    weight once (decoding at batch 1, 07_generate)."""
+    return (jnp.concatenate([x_1I, jnp.zeros_like(x_1I)]) @ w_IO)[:1]
+
 def dot_general(x: jax.Array, w: jax.Array, dimension_numbers, precision=None, **kwargs) -> jax.Array:
     """`nnx.Linear`'s product `[..., I]·[I, O]`: `cpu_matmul` on a 2-D view where the program is lowered for a CPU,
-    `jax.lax.dot_general` elsewhere (chosen at lowering, so a step exported for a TPU from a CPU is a TPU's)."""
-    if not fast_path():
+    `one_row_as_two` for a single row on a GPU, `jax.lax.dot_general` elsewhere (chosen at lowering, so a step
+    exported for a TPU from a CPU is a TPU's)."""
+    one_row = x.size == x.shape[-1]  # a decode step at batch 1
+    if not (fast_path() or one_row):
         return jax.lax.dot_general(x, w, dimension_numbers, precision, **kwargs)
     x_MI = x.reshape(-1, x.shape[-1])  # M: the leading axes as one (B·T)
-    y_MO = jax.lax.platform_dependent(x_MI, w, cpu=cpu_matmul, default=jnp.matmul)
+    y_MO = jax.lax.platform_dependent(x_MI, w, cpu=cpu_matmul if fast_path() else jnp.matmul,
+                                      cuda=one_row_as_two if one_row else jnp.matmul, default=jnp.matmul)
     return y_MO.reshape(*x.shape[:-1], w.shape[-1])
 
 # %% ../nbs/15_performance.ipynb #35b5ec3d

@@ -22,8 +22,8 @@ from .parallel import batch_sharding, make_mesh
 from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
-__all__ = ['DECODE_CHUNK', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'init_cache', 'layer_weights',
-           'lower_decode', 'check_sampling', 'generate_batch', 'generate']
+__all__ = ['DECODE_CHUNK', 'MATRICES', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'init_cache', 'compute_copy',
+           'layer_weights', 'lower_decode', 'check_sampling', 'generate_batch', 'generate']
 
 # %% ../nbs/07_generate.ipynb #bd088f29
 def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
@@ -83,6 +83,17 @@ def init_cache(cfg: ModelConfig, batch: int, rows: NamedSharding | None = None) 
     return {"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
 
 # %% ../nbs/07_generate.ipynb #e9ef4e3c
+MATRICES = ("kernel", "embedding", "lora_a", "lora_b")  # the arrays a layer casts to its compute dtype on every call
+
+def compute_copy(state: nnx.State, dtype) -> nnx.State:
+    """`state` with its matrices (`MATRICES`) cast to the compute `dtype` once, for a generation's many calls: every
+    layer casts them on every call anyway (`promote_dtype`), so the results are the same bit for bit, and a decode
+    step reads 2 bytes a weight in bfloat16 instead of 4 (and a cast's 2 more). Norm scales keep their dtype."""
+    def cast(path, x):
+        names = {getattr(key, "key", None) for key in path}
+        return x.astype(dtype) if names & set(MATRICES) and jnp.issubdtype(x.dtype, jnp.floating) else x
+    return jax.tree_util.tree_map_with_path(cast, state)
+
 def layer_weights(model: Transformer) -> list[list[jax.Array]]:
     """The stacked blocks' weights as one flat list of arrays per layer. `generate_batch` slices them once and hands
     the lists to every decode call: inside a compiled call XLA would copy each layer's weights out on every call."""
@@ -113,12 +124,14 @@ def _extend_one(model: Transformer, blocks: list, token_B: jax.Array, kv_L: list
 @lru_cache(maxsize=8)
 def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callable, Callable, Callable]:
     """The compiled steps for one model structure (its state laid out on `mesh`, None: one device):
-    `(layers, prefill, decode, reference)`, taking the state as its flat list of arrays."""
+    `(weights, prefill, decode, reference)`, taking the state as its flat list of arrays."""
     # Made once per generate call, not per token: hashing a graph definition, or flattening the nested state, costs
     # a good part of a decode step on a CPU.
-    def layers(leaves):
-        "`layer_weights` of the model: once per `generate_batch`."
-        return layer_weights(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)))
+    def weights(leaves):
+        "The state's leaves with its matrices in the compute dtype (`compute_copy`), and `layer_weights` of that."
+        dtype = jnp.dtype(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)).cfg.dtype)
+        state = compute_copy(jax.tree.unflatten(treedef, leaves), dtype)
+        return jax.tree.leaves(state), layer_weights(nnx.merge(graphdef, state))
 
     def prefill(leaves, cache, tokens_BT, last, key, n, temperature, top_p, **mode):
         """Fill an empty cache with the window so far `[B, T]`, returned as one cache per layer; sample each row's
@@ -129,20 +142,21 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
                 _layer_caches(cache))
 
     def decode(leaves, layers, kv_L, token_B, position, key, n, steps, temperature, top_p, **mode):
-        """`steps` (at most `DECODE_CHUNK`) decode steps in one call: tokens `n`, `n+1`, ...,
-        each from the one before it, over the layers' weights and caches."""
+        """`steps` decode steps in one call (static, at most `DECODE_CHUNK`: a loop of known length, so a GPU never
+        asks the host whether to go on): tokens `n`, `n+1`, ..., each from the one before it, over the layers'
+        weights and caches."""
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
         blocks = _blocks(model, layers)
         B, C = token_B.shape[0], min(mode["top_k"] or model.cfg.vocab_size, model.cfg.vocab_size)
         noise_KBC = (None if mode["greedy"] else  # the chunk's random draws at once: one generator call, not K
-                     jax.vmap(lambda i: gumbel_rows(jax.random.fold_in(key, n + i), B, C))(jnp.arange(DECODE_CHUNK)))
+                     jax.vmap(lambda i: gumbel_rows(jax.random.fold_in(key, n + i), B, C))(jnp.arange(steps)))
         def one(i, carry):
             kv_L, token_B, new_BK = carry
             logits_BV, kv_L = _extend_one(model, blocks, token_B, kv_L, position + i)
             token_B = sample_rows(logits_BV, None, temperature, top_p, **mode,
                                   noise_BC=None if noise_KBC is None else noise_KBC[i])
             return kv_L, token_B, new_BK.at[:, i].set(token_B)
-        new_BK = jnp.zeros((token_B.shape[0], DECODE_CHUNK), token_B.dtype)
+        new_BK = jnp.zeros((token_B.shape[0], steps), token_B.dtype)
         kv_L, _, new_BK = jax.lax.fori_loop(0, steps, one, (kv_L, token_B, new_BK))
         return new_BK, kv_L
 
@@ -152,8 +166,8 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
         return sample_rows(logits_BV, jax.random.fold_in(key, n), temperature, top_p, **mode)
 
     static = ("greedy", "top_k", "nucleus")
-    return (jax.jit(layers), jax.jit(on_mesh(mesh)(prefill), static_argnames=static),
-            jax.jit(on_mesh(mesh)(decode), static_argnames=static, donate_argnums=2),
+    return (jax.jit(weights), jax.jit(on_mesh(mesh)(prefill), static_argnames=static),
+            jax.jit(on_mesh(mesh)(decode), static_argnames=(*static, "steps"), donate_argnums=2),
             jax.jit(on_mesh(mesh)(reference), static_argnames=static))
 
 # %% ../nbs/07_generate.ipynb #b489ba34
@@ -164,10 +178,9 @@ def lower_decode(model: Transformer, batch: int = 1, temperature: float = 0.8, t
      "compiles for a device.")
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)
-    layers_step, _, decode_steps, _ = _steps(graphdef, treedef)
+    weights_step, _, decode_steps, _ = _steps(graphdef, treedef)
     shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-    leaves = [shape(x) for x in leaves]
-    layers = jax.tree.map(shape, jax.eval_shape(layers_step, leaves))
+    leaves, layers = jax.tree.map(shape, jax.eval_shape(weights_step, [shape(x) for x in leaves]))
     kv_L = jax.tree.map(shape, jax.eval_shape(lambda: _layer_caches(init_cache(model.cfg, batch))))
     token_B, key = shape(jax.ShapeDtypeStruct((batch,), jnp.int32)), shape(jax.eval_shape(jax.random.key, 0))
     return decode_steps.lower(leaves, layers, kv_L, token_B, 0, key, 1, DECODE_CHUNK, temperature, top_p,
@@ -269,8 +282,9 @@ def generate_batch(
     graphdef, state = nnx.split(model)
     state, put, rows = _placement(state, B)
     mesh, (state, treedef) = mesh_of(state), jax.tree.flatten(state)
-    layers_step, prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh)
-    layers = layers_step(state) if use_cache else None  # sliced once: every decode call reads them
+    weights_step, prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh)
+    if use_cache:  # cast and sliced once: every prefill and decode call reads them
+        state, layers = weights_step(state)
     mode, key, start, kv_L = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
     n, end = len(ids), len(ids) + max_new_tokens
     while n < end and not all(t.done for t in texts):
@@ -278,6 +292,7 @@ def generate_batch(
         if use_cache and kv_L is not None and not jumped:
             # decode: as many tokens as fit in the window, a chunk per call
             k = min(DECODE_CHUNK, end - n, T - (n - start) + 1)
+            k = 1 << (k.bit_length() - 1)  # a power of two: at most five programs, each a loop of known length
             new_BK, kv_L = decode_steps(state, layers, kv_L, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k,
                                         temperature, top_p, **mode)
         else:  # the whole window: the reference step, or a prefill (padded to a power of two: a few compilations)
