@@ -62,8 +62,9 @@ def dot_general(x: jax.Array, w: jax.Array, dimension_numbers, precision=None, *
     if not (fast_path() or one_row):
         return jax.lax.dot_general(x, w, dimension_numbers, precision, **kwargs)
     x_MI = x.reshape(-1, x.shape[-1])  # M: the leading axes as one (B·T)
-    y_MO = jax.lax.platform_dependent(x_MI, w, cpu=cpu_matmul if fast_path() else jnp.matmul,
-                                      cuda=one_row_as_two if one_row else jnp.matmul, default=jnp.matmul)
+    # a branch for a GPU only where it differs: an extra branch of `platform_dependent` made a CPU step 10 % slower
+    branches = {"cpu": cpu_matmul if fast_path() else jnp.matmul} | ({"cuda": one_row_as_two} if one_row else {})
+    y_MO = jax.lax.platform_dependent(x_MI, w, **branches, default=jnp.matmul)
     return y_MO.reshape(*x.shape[:-1], w.shape[-1])
 
 # %% ../nbs/15_performance.ipynb #35b5ec3d
