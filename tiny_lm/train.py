@@ -214,8 +214,8 @@ def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | No
     if chunked is None:
         chunked = 4 * targets_BT.size * model.cfg.vocab_size > logits_budget()
     features_BTD, cap = model.features(inputs_BT, dropout_key, remat), model.cfg.logit_softcap
-    if chunked:
-        return chunked_cross_entropy(model.projected, features_BTD, targets_BT, model.cfg.vocab_size, cap=cap)
+    if chunked:  # a slice's float32 logits and optax's loss: fewer bytes held there than `cross_entropy`'s
+        return chunked_cross_entropy(model.logits, features_BTD, targets_BT, model.cfg.vocab_size)
     if target_platform() == "cpu":  # optax's float32 loss: on a CPU `cross_entropy` made a step 17 % slower
         return optax.softmax_cross_entropy_with_integer_labels(model.logits(features_BTD), targets_BT).mean()
     return cross_entropy(model.projected(features_BTD), targets_BT, jnp.ones((), jnp.float32), cap) / targets_BT.size
@@ -275,30 +275,30 @@ def logits_budget() -> int:
     mesh = jax.sharding.get_abstract_mesh()
     return int(LOGITS_MEMORY_SHARE * limit * (1 if mesh.empty else mesh.size))
 
-def _slice_loss(head: Callable, cap: float, consts: list, x_BCD: jax.Array, y_BC: jax.Array,
-                w_1C: jax.Array) -> jax.Array:
+def _slice_loss(head: Callable, consts: list, x_BCD: jax.Array, y_BC: jax.Array, w_1C: jax.Array) -> jax.Array:
     "A slice's summed cross-entropy (padded positions weigh 0)."
-    return cross_entropy(head(x_BCD, *consts), y_BC, w_1C.astype(jnp.float32), cap)
+    logits_BCV = head(x_BCD, *consts).astype(jnp.float32)
+    return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits_BCV, y_BC) * w_1C)
 
-@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _sliced_loss(head: Callable, cap: float, consts: list, x_NBCD, y_NBC, w_NBC) -> jax.Array:
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _sliced_loss(head: Callable, consts: list, x_NBCD, y_NBC, w_NBC) -> jax.Array:
     "The loss summed over the slices `[N, B, C, ...]`, one slice's logits at a time."
-    step = lambda total, xs: (total + _slice_loss(head, cap, consts, *xs), None)
+    step = lambda total, xs: (total + _slice_loss(head, consts, *xs), None)
     return jax.lax.scan(step, jnp.zeros((), jnp.float32), (x_NBCD, y_NBC, w_NBC))[0]
 
-def _sliced_loss_fwd(head, cap, consts, x_NBCD, y_NBC, w_NBC):
+def _sliced_loss_fwd(head, consts, x_NBCD, y_NBC, w_NBC):
     "The loss, and its gradients made slice by slice while each slice's logits exist: the backward pass only scales."
     def step(carry, xs):
         total, dconsts = carry
         x_BCD, y_BC, w_1C = xs
-        loss, pull = jax.vjp(lambda c, x: _slice_loss(head, cap, c, x, y_BC, w_1C), consts, x_BCD)
+        loss, pull = jax.vjp(lambda c, x: _slice_loss(head, c, x, y_BC, w_1C), consts, x_BCD)
         dc, dx_BCD = pull(jnp.ones_like(loss))
         return (total + loss, jax.tree.map(jnp.add, dconsts, dc)), dx_BCD
     start = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, consts))
     (total, dconsts), dx_NBCD = jax.lax.scan(step, start, (x_NBCD, y_NBC, w_NBC))
     return total, (dconsts, dx_NBCD)
 
-def _sliced_loss_bwd(head, cap, residuals, g):
+def _sliced_loss_bwd(head, residuals, g):
     dconsts, dx_NBCD = residuals
     scale = lambda d: (g * d).astype(d.dtype)
     return jax.tree.map(scale, dconsts), scale(dx_NBCD), None, None
@@ -306,9 +306,9 @@ def _sliced_loss_bwd(head, cap, residuals, g):
 _sliced_loss.defvjp(_sliced_loss_fwd, _sliced_loss_bwd)
 
 def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: jax.Array, targets_BT: jax.Array,
-                          vocab_size: int, chunk_bytes: int = LOSS_CHUNK_BYTES, cap: float = 0.0) -> jax.Array:
-    """Mean cross-entropy of `logits_fn(x_BTD)` (soft-capped when `cap`) against `targets_BT`, a slice of the sequence
-    at a time, each slice's gradients made in the forward pass (no second pass through `logits_fn`)."""
+                          vocab_size: int, chunk_bytes: int = LOSS_CHUNK_BYTES) -> jax.Array:
+    """Mean cross-entropy of `logits_fn(x_BTD)` against `targets_BT`, a slice of the sequence at a time, each slice's
+    gradients made in the forward pass (no second pass through `logits_fn`)."""
     B, T, D = x_BTD.shape
     C = max(1, min(T, chunk_bytes // (4 * B * vocab_size)))  # time steps per slice
     n = -(-T // C)
@@ -317,7 +317,7 @@ def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: ja
     y_NBC = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(B, n, C).swapaxes(0, 1)
     w_NBC = (jnp.arange(n * C) < T).reshape(n, 1, C)
     head, consts = jax.closure_convert(logits_fn, x_NBCD[0])  # the head's weights, as arguments the VJP can return
-    return _sliced_loss(head, cap, consts, x_NBCD, y_NBC, w_NBC) / (B * T)
+    return _sliced_loss(head, consts, x_NBCD, y_NBC, w_NBC) / (B * T)
 
 
 # %% ../nbs/04_train.ipynb #747c79a7
