@@ -42,6 +42,12 @@ export XLA_FLAGS="$XLA_FLAGS --xla_cpu_collective_call_terminate_timeout_seconds
 cache_dir="$(mktemp -d "${TMPDIR:-/tmp}/tiny_lm_ci_jax_cache.XXXXXX")"
 export JAX_COMPILATION_CACHE_DIR="$cache_dir" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+# The checks write only where they own the folder: the figures tiny_lm measures once and keeps (the CPU's speed that
+# plans size by, 02_sizing's `cache_file`) and Hugging Face's caches go to this run's own folder, not the user's
+# ~/.cache. A CPU timed while the checks load it is several times slower than it is, and every later plan on the
+# machine would size its models by that figure (tests/conftest.py does the same for pytest run by itself).
+own_cache="$(mktemp -d "${TMPDIR:-/tmp}/tiny_lm_ci_cache.XXXXXX")"
+export XDG_CACHE_HOME="$own_cache/cache" HF_HOME="$own_cache/huggingface" TINY_LM_TESTS_OWN_CACHE="$own_cache"
 
 # Hash of every file under nbs/ and tiny_lm/, so we see exactly what export/clean changed
 # (works on a fresh clone and on a working tree with uncommitted notebooks alike).
@@ -61,7 +67,7 @@ if [[ "$before" != "$after" ]]; then
     exit 1
 fi
 readme_before="$(mktemp)"
-trap 'rm -rf "$readme_before" "$cache_dir"' EXIT
+trap 'rm -rf "$readme_before" "$cache_dir" "$own_cache"' EXIT
 cp README.md "$readme_before" 2>/dev/null || true
 python .ci/readme.py
 if ! cmp -s README.md "$readme_before"; then

@@ -5,16 +5,25 @@ workers run other tests while it trains, and each test module's tests that read 
 however many pytest-xdist workers: the first to start it does (under a file lock), in a folder every worker sees.
 """
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-from test_cli import ENV, SMALL, without
-from test_faults import RUN, SHORT, final_params, losses
+# Tests write only where they own the folder: what tiny_lm measures once and keeps (the CPU's speed that plans size by)
+# and Hugging Face's caches go to a folder of this session, not the user's ~/.cache (tests/check.sh makes one for the
+# whole run; pytest run by itself, here, before the test modules copy the environment and before xdist's workers start)
+if "TINY_LM_TESTS_OWN_CACHE" not in os.environ:
+    _own = tempfile.mkdtemp(prefix="tiny_lm_tests_cache.")
+    os.environ.update(XDG_CACHE_HOME=f"{_own}/cache", HF_HOME=f"{_own}/huggingface", TINY_LM_TESTS_OWN_CACHE=_own)
+
+from test_cli import ENV, SMALL, without  # noqa: E402  (after the cache folders are set)
+from test_faults import RUN, SHORT, final_params, losses  # noqa: E402
 
 # name -> the `tiny-lm` arguments of the run (its --output-dir is added)
 SHARED = {

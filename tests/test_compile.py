@@ -126,6 +126,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 from dataclasses import replace
 from types import SimpleNamespace
 from tiny_lm.compile import compile_lowered, hlo_arrays, lower_train, parse_hlo, target_devices, target_mesh
+from tiny_lm.cpu import named_kernels
 from tiny_lm.profiles import HARDWARE, usable_memory
 from tiny_lm.sizing import preset_config
 from tiny_lm.target import building_for
@@ -134,7 +135,8 @@ hw, B = HARDWARE["h100"], 8
 cfg = replace(preset_config("nano", 16384), dtype="bfloat16")
 with building_for(SimpleNamespace(**vars(hw.device()), memory_bytes=usable_memory(hw))):
     mesh = target_mesh(target_devices(hw, 1), cfg, B, usable_memory(hw), "cudnn")
-    step = lower_train(cfg, TrainConfig(batch_size=B, optimizer="adamw", steps_per_call=1), mesh)
+    with named_kernels():  # as `bench train --trace` compiles: the GPU compiler takes its option (no command buffers)
+        step = lower_train(cfg, TrainConfig(batch_size=B, optimizer="adamw", steps_per_call=1), mesh)
     text = compile_lowered(step, "the training step").as_text()
 computations, entry = parse_hlo(text)
 logits = B * cfg.seq_len * cfg.vocab_size
@@ -145,7 +147,8 @@ print(kept.count("f32"), kept.count("bf16"))
 
 @needs_compilers
 def test_the_loss_keeps_no_float32_logits_on_a_gpu():
-    "GPT-2-sized vocabularies made float32 `[B, T, V]` buffers of 2.5 GB each; the loss's own gradient makes none."
+    ("GPT-2-sized vocabularies made float32 `[B, T, V]` buffers of 2.5 GB each; the loss's own gradient makes none. "
+     "Compiled as `bench train --trace` compiles a GPU's step: the GPU compiler accepts `named_kernels`' option.")
     r = subprocess.run([sys.executable, "-c", LOGITS], capture_output=True, text=True, env=WITH, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     f32, bf16 = map(int, r.stdout.split())

@@ -21,6 +21,7 @@ from flax import nnx
 from tokenizers import Tokenizer, models
 
 from .checkpoint import load_checkpoint
+from .cpu import named_kernels
 from .data import BUILTIN_CORPUS, Batches, DataConfig, StreamingBatches, open_source
 from .encoding import token_dtype, tokenize_documents
 from .errors import TinyLMError
@@ -177,7 +178,7 @@ def _traced_steps(model, optimizer, batches: Batches, train_cfg: TrainConfig, me
     more = replace(train_cfg, max_steps=train_cfg.max_steps + 10, log_every=10)  # the new fit compiles again:
     options = jax.profiler.ProfileOptions()  # compiling is not a compiled op, so the op times leave it out
     options.python_tracer_level = 0  # Python events would fill the trace while the new fit compiles
-    with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True, profiler_options=options):
+    with named_kernels(), jax.profiler.trace(str(trace_dir), create_perfetto_trace=True, profiler_options=options):
         fit(model, optimizer, batches, more, more.max_steps, start_step=train_cfg.max_steps, put=batch_put(mesh),
             progress=False)
     return op_times(trace_dir, steps_per_call=train_cfg.steps_per_call)

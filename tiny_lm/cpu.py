@@ -9,6 +9,8 @@ import ctypes
 import os
 import platform
 from collections.abc import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 
 import jax
@@ -19,8 +21,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from .target import target_platform
 
 # %% auto #0
-__all__ = ['fast_path', 'cpu_matmul', 'one_row_as_two', 'dot_general', 'compiler_options', 'scan_layers', 'one_all_reduce',
-           'lean_host_memory', 'release_freed_memory']
+__all__ = ['fast_path', 'cpu_matmul', 'one_row_as_two', 'dot_general', 'named_kernels', 'compiler_options', 'scan_layers',
+           'one_all_reduce', 'lean_host_memory', 'release_freed_memory']
 
 # %% ../nbs/15_performance.ipynb #8c227487
 def fast_path() -> bool:
@@ -79,10 +81,24 @@ def _cpu_options() -> tuple[tuple[str, str], ...]:
         return ()
     return options
 
+_NAMED_KERNELS: ContextVar = ContextVar("tiny_lm_named_kernels", default=False)
+
+@contextmanager
+def named_kernels():
+    ("Programs compiled inside are compiled for a profiler to name each kernel: on a GPU, XLA's command buffers off "
+     "(a CUDA graph's kernels are one event in a trace, unnamed).")
+    token = _NAMED_KERNELS.set(True)
+    try:
+        yield
+    finally:
+        _NAMED_KERNELS.reset(token)
+
 def compiler_options() -> dict:
     ("XLA options for the train and eval steps: built for a CPU (the target, 00b_target), YNNPACK library fusions "
-     "and the tree-reduction rewrite off; for a GPU or a TPU, XLA's defaults.")
-    return dict(_cpu_options()) if fast_path() and target_platform() == "cpu" else {}
+     "and the tree-reduction rewrite off; for a GPU inside `named_kernels`, command buffers off; else XLA's defaults.")
+    if fast_path() and target_platform() == "cpu":
+        return dict(_cpu_options())
+    return {"xla_gpu_enable_command_buffer": ""} if _NAMED_KERNELS.get() and target_platform() == "gpu" else {}
 
 # %% ../nbs/15_performance.ipynb #5070e374
 def scan_layers(body: Callable, carry, xs):

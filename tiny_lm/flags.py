@@ -434,7 +434,8 @@ def _bench_train_parser(kinds) -> None:
     t.add_argument("--steps", type=int, default=300,
                    help="training steps to time, after the first (compiling) interval (default: 300)")
     t.add_argument("--trace", default=None, metavar="DIR", help="also record a JAX profiler trace of 10 more steps "
-                   "into DIR (open it in Perfetto or TensorBoard) and print the compiled ops that took the most time "
+                   "into DIR (open it in Perfetto or TensorBoard) and print the compiled ops that took the most time; "
+                   "on a GPU those steps run without XLA's command buffers, so that each kernel is named "
                    "(default: no trace)")
 
 def _bench_generate_parser(kinds) -> None:

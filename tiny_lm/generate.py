@@ -19,11 +19,12 @@ from tokenizers import Tokenizer
 from .errors import TinyLMError
 from .model import ModelConfig, Transformer, mesh_of, on_mesh
 from .parallel import batch_sharding, make_mesh
+from .target import target_platform
 from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
-__all__ = ['DECODE_CHUNK', 'MATRICES', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'init_cache', 'compute_copy',
-           'layer_weights', 'lower_decode', 'check_sampling', 'generate_batch', 'generate']
+__all__ = ['DECODE_CHUNK', 'MATRICES', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'known_length', 'init_cache',
+           'compute_copy', 'layer_weights', 'lower_decode', 'check_sampling', 'generate_batch', 'generate']
 
 # %% ../nbs/07_generate.ipynb #bd088f29
 def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
@@ -68,6 +69,12 @@ def sampling_mode(temperature: float, top_k: int, top_p: float) -> dict:
 
 # %% ../nbs/07_generate.ipynb #c10d56f7
 DECODE_CHUNK = 16  # decode steps per compiled call: the host checks stops and streams text between calls
+
+def known_length() -> bool:
+    ("Whether a decode call's token loop has a length known when it compiles: off a CPU (a GPU then never asks the "
+     "host whether to go on; a call of fewer tokens is its own program, a power of two), not on a CPU (one program "
+     "for every length: each of five programs cost a CPU's `tiny-lm bench generate` 3 s of compiling).")
+    return target_platform() != "cpu"
 
 def _window_start(start: int, n: int, seq_len: int) -> int:
     """Where the context of the token after the first `n` begins: `start` until the window is full,
@@ -122,9 +129,10 @@ def _extend_one(model: Transformer, blocks: list, token_B: jax.Array, kv_L: list
 
 # %% ../nbs/07_generate.ipynb #ef2a8aef
 @lru_cache(maxsize=8)
-def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callable, Callable, Callable]:
+def _steps(graphdef: nnx.GraphDef, treedef, mesh=None, known: bool = True) -> tuple[Callable, ...]:
     """The compiled steps for one model structure (its state laid out on `mesh`, None: one device):
-    `(weights, prefill, decode, reference)`, taking the state as its flat list of arrays."""
+    `(weights, prefill, decode, reference)`, taking the state as its flat list of arrays; `known`: decode's `steps`
+    static (`known_length`)."""
     # Made once per generate call, not per token: hashing a graph definition, or flattening the nested state, costs
     # a good part of a decode step on a CPU.
     def weights(leaves):
@@ -142,21 +150,22 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
                 _layer_caches(cache))
 
     def decode(leaves, layers, kv_L, token_B, position, key, n, steps, temperature, top_p, **mode):
-        """`steps` decode steps in one call (static, at most `DECODE_CHUNK`: a loop of known length, so a GPU never
-        asks the host whether to go on): tokens `n`, `n+1`, ..., each from the one before it, over the layers'
-        weights and caches."""
+        """`steps` decode steps in one call (at most `DECODE_CHUNK`; static where `known`: a loop of known length, so
+        a GPU never asks the host whether to go on): tokens `n`, `n+1`, ..., each from the one before it, over the
+        layers' weights and caches."""
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
         blocks = _blocks(model, layers)
         B, C = token_B.shape[0], min(mode["top_k"] or model.cfg.vocab_size, model.cfg.vocab_size)
+        K = steps if known else DECODE_CHUNK  # the tokens a call can return
         noise_KBC = (None if mode["greedy"] else  # the chunk's random draws at once: one generator call, not K
-                     jax.vmap(lambda i: gumbel_rows(jax.random.fold_in(key, n + i), B, C))(jnp.arange(steps)))
+                     jax.vmap(lambda i: gumbel_rows(jax.random.fold_in(key, n + i), B, C))(jnp.arange(K)))
         def one(i, carry):
             kv_L, token_B, new_BK = carry
             logits_BV, kv_L = _extend_one(model, blocks, token_B, kv_L, position + i)
             token_B = sample_rows(logits_BV, None, temperature, top_p, **mode,
                                   noise_BC=None if noise_KBC is None else noise_KBC[i])
             return kv_L, token_B, new_BK.at[:, i].set(token_B)
-        new_BK = jnp.zeros((token_B.shape[0], steps), token_B.dtype)
+        new_BK = jnp.zeros((B, K), token_B.dtype)
         kv_L, _, new_BK = jax.lax.fori_loop(0, steps, one, (kv_L, token_B, new_BK))
         return new_BK, kv_L
 
@@ -167,7 +176,7 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None) -> tuple[Callable, Callab
 
     static = ("greedy", "top_k", "nucleus")
     return (jax.jit(weights), jax.jit(on_mesh(mesh)(prefill), static_argnames=static),
-            jax.jit(on_mesh(mesh)(decode), static_argnames=(*static, "steps"), donate_argnums=2),
+            jax.jit(on_mesh(mesh)(decode), static_argnames=(*static, "steps") if known else static, donate_argnums=2),
             jax.jit(on_mesh(mesh)(reference), static_argnames=static))
 
 # %% ../nbs/07_generate.ipynb #b489ba34
@@ -178,7 +187,7 @@ def lower_decode(model: Transformer, batch: int = 1, temperature: float = 0.8, t
      "compiles for a device.")
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)
-    weights_step, _, decode_steps, _ = _steps(graphdef, treedef)
+    weights_step, _, decode_steps, _ = _steps(graphdef, treedef, known=known_length())
     shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     leaves, layers = jax.tree.map(shape, jax.eval_shape(weights_step, [shape(x) for x in leaves]))
     kv_L = jax.tree.map(shape, jax.eval_shape(lambda: _layer_caches(init_cache(model.cfg, batch))))
@@ -282,7 +291,7 @@ def generate_batch(
     graphdef, state = nnx.split(model)
     state, put, rows = _placement(state, B)
     mesh, (state, treedef) = mesh_of(state), jax.tree.flatten(state)
-    weights_step, prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh)
+    weights_step, prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh, known_length())
     if use_cache:  # cast and sliced once: every prefill and decode call reads them
         state, layers = weights_step(state)
     mode, key, start, kv_L = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
@@ -292,7 +301,7 @@ def generate_batch(
         if use_cache and kv_L is not None and not jumped:
             # decode: as many tokens as fit in the window, a chunk per call
             k = min(DECODE_CHUNK, end - n, T - (n - start) + 1)
-            k = 1 << (k.bit_length() - 1)  # a power of two: at most five programs, each a loop of known length
+            k = 1 << (k.bit_length() - 1) if known_length() else k  # a power of two: five programs at most
             new_BK, kv_L = decode_steps(state, layers, kv_L, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k,
                                         temperature, top_p, **mode)
         else:  # the whole window: the reference step, or a prefill (padded to a power of two: a few compilations)

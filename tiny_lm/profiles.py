@@ -23,8 +23,9 @@ import numpy as np
 from .cpu import compiler_options, fast_path
 from .model import PRECISIONS, ModelConfig, attention_implementation
 from .parallel import batch_sharding, make_mesh, sharded_init
-from .sizing import (PRESETS, TOKENS_PER_PARAM, cache_file, cpu_name, fitting_batch, flops_per_token,
-                            measured_once, param_count, peak_flops, preset_config, target_config, train_memory_bytes)
+from .sizing import (PRESETS, TOKENS_PER_PARAM, Provisional, cpu_name, fitting_batch, flops_per_token,
+                            kept_figure, measure_again, measured_once, param_count, peak_flops, preset_config,
+                            target_config, train_memory_bytes)
 from .errors import TinyLMError
 from .train import TrainConfig, init_model, make_train_step
 
@@ -34,12 +35,12 @@ __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSU
            'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE', 'TOKENS_PER_DEVICE_STEP',
            'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'CPU_STEPS_PER_CALL',
            'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'SPEED_MODEL', 'USERS_COMPILE',
-           'BUSY_SHARE', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware', 'detect_hardware',
-           'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder',
-           'preset_named', 'tokens_trained', 'seconds_for', 'capped', 'effective_tokens', 'size_model', 'dropout_for',
-           'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead',
-           'choose_optimizer', 'Plan', 'others_cpu_share', 'time_cpu_step', 'cpu_train_flops', 'cpu_speed_key',
-           'plan_speed', 'step_tokens_for', 'plan_run']
+           'BUSY_SHARE', 'RUN_FASTER', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware',
+           'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess', 'Length',
+           'context_for', 'model_ladder', 'preset_named', 'tokens_trained', 'seconds_for', 'capped', 'effective_tokens',
+           'size_model', 'dropout_for', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call',
+           'steps_per_call_dividing', 'muon_overhead', 'choose_optimizer', 'Plan', 'others_cpu_share', 'time_cpu_step',
+           'cpu_train_flops', 'check_cpu_speed', 'cpu_speed_key', 'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -540,13 +541,25 @@ def cpu_train_flops(cache: Path | None = None) -> float:
         seconds, busy = others_cpu_share(lambda: time_cpu_step(cfg))
         step_flops = TrainConfig().batch_size * cfg.seq_len * flops_per_token(cfg)
         flops = step_flops / max(seconds - STEP_OVERHEAD["cpu"], 1e-3)
-        if busy > BUSY_SHARE:  # kept all the same: a run beside another shares the CPU too; said, with the way out
+        if busy > BUSY_SHARE:  # used all the same (a run beside another shares the CPU too), and timed again next time
             print(f"note: other programs used {busy:.0%} of this CPU while it was timed, so its speed "
-                  f"({flops / 1e9:.0f} GFLOP/s) may be low, and plans here size by it: delete "
-                  f"{cache or cache_file('cpu_train_flops')} when the machine is quiet to time it again",
+                  f"({flops / 1e9:.0f} GFLOP/s) may be low: the next plan times it again and keeps the faster",
                   file=sys.stderr)
+            return Provisional(flops)
         return flops
     return measured_once("cpu_train_flops", cpu_speed_key(), measure, cache)
+
+RUN_FASTER = 1.5  # a CPU run training this much faster than the speed plans size by: that figure was timed too low
+
+def check_cpu_speed(achieved: float, cache: Path | None = None) -> str | None:
+    ("A CPU run's own FLOP/s against the speed plans here size by (`cpu_train_flops`): where the run was RUN_FASTER "
+     "times faster (a figure timed on a busy machine), the next plan times the CPU again; what to say, else None.")
+    kept = kept_figure("cpu_train_flops", cpu_speed_key(), cache)
+    if kept is None or achieved < RUN_FASTER * kept:  # a run's step costs more than its FLOPs: never faster, as timed
+        return None
+    measure_again("cpu_train_flops", cpu_speed_key(), cache)
+    return (f"note: this run trained at {achieved / 1e9:.3g} GFLOP/s, faster than the {kept / 1e9:.3g} that plans "
+            "on this CPU size models by (timed while it was busy): the next plan times it again")
 
 def cpu_speed_key() -> str:
     "What `cpu_train_flops` keeps its figure under: the CPU, its count of devices, the JAX version, the fast path."

@@ -38,7 +38,7 @@ from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, 
                               check_processes_agree, device_banner, device_info, global_put, is_main_process, make_mesh,
                               on_main_process, parse_mesh, path_name, sharded_init, sharded_memory_bytes, split_batch,
                               use_cpu_cores)
-from .profiles import Plan, device_memory, plan_run
+from .profiles import Plan, check_cpu_speed, device_memory, plan_run
 from .score import evaluate_text
 from .show import in_notebook
 from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config, size_report
@@ -824,6 +824,9 @@ def _report(t: Trainer, s: RunState, summary: dict) -> None:
         t.say(f"result: validation was lowest at step {summary['result_step']} and rose after it, so "
               f"{t.output_dir / 'best_checkpoint'} is the result: tiny-lm generate, eval and export read it "
               "(--last reads the final step)")
+    if jax.default_backend() == "cpu" and is_main_process() and rate:  # the speed plans here size by, checked
+        if note := check_cpu_speed(summary["flops_per_token"] * rate):
+            t.say(note)
     if t.run.sample_prompt is not None and t.run.sample_tokens:
         sample = generate(s.model, s.tokenizer, t.run.sample_prompt, max_new_tokens=t.run.sample_tokens,
                           temperature=0.8, top_k=50)

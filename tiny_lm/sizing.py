@@ -14,7 +14,8 @@ from .model import REMAT, ModelConfig
 __all__ = ['PRESETS', 'PRESET_LABELS', 'ASPECT_RATIO', 'DEEP_ASPECT_RATIO', 'COMPILED_KEPT', 'LOGITS_MEMORY_SHARE',
            'LOSS_CHUNK_BYTES', 'TOKENS_PER_PARAM', 'PEAK_FLOPS', 'param_breakdown', 'param_count', 'preset_config',
            'flops_per_token', 'preset_table', 'target_config', 'train_memory_bytes', 'fitting_batch', 'size_report',
-           'cpu_name', 'cache_file', 'measured_once', 'cpu_peak_flops', 'peak_flops']
+           'cpu_name', 'cache_file', 'Provisional', 'kept_figure', 'measured_once', 'measure_again', 'cpu_peak_flops',
+           'peak_flops']
 
 # %% ../nbs/02_sizing.ipynb #04e5eef8
 def param_breakdown(cfg: ModelConfig) -> dict[str, int]:
@@ -259,28 +260,61 @@ def cache_file(name: str) -> Path:
     "Where `measured_once` keeps the figures called `name`: `~/.cache/tiny_lm/{name}.json` (or under XDG_CACHE_HOME)."
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiny_lm" / f"{name}.json"
 
-def measured_once(name: str, key: str, measure: Callable[[], float], cache: Path | None = None) -> float:
-    ("`measure()`, taken once per `key` and kept in `cache_file(name)` (or `cache`): one process measures while the "
-     "others wait for its figure (a lock file beside it); a home that cannot be written measures each time.")
-    cache = cache or cache_file(name)
-    if (known := _read_json(cache).get(key)) is not None:
-        return known
+class Provisional(float):
+    "A figure `measure` took in poor conditions (a busy machine): kept, and measured again the next time it is read."
+
+_AGAIN = " | measure again"  # beside a key whose figure is to be measured again
+
+def kept_figure(name: str, key: str, cache: Path | None = None) -> float | None:
+    "The figure `measured_once` keeps for `key` (None: none yet), whether or not it is to be measured again."
+    return _read_json(cache or cache_file(name)).get(key)
+
+def _settled(cache: Path, key: str) -> float | None:
+    kept = _read_json(cache)
+    return None if kept.get(key + _AGAIN) else kept.get(key)
+
+def _locked(cache: Path):
+    "The cache's lock file, open (lock it with `fcntl.flock`; closing it unlocks); None where it cannot be made."
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(cache.with_suffix(".lock"), "a")
+        return open(cache.with_suffix(".lock"), "a")
     except OSError:
-        return measure()
+        return None
+
+def _write_json(cache: Path, figures: dict) -> None:
+    written = cache.with_suffix(f".{os.getpid()}.tmp")
+    try:  # whole or not at all: a reader without the lock never sees half a file
+        written.write_text(json.dumps(figures, indent=1))
+        os.replace(written, cache)
+    except OSError:
+        pass
+
+def measured_once(name: str, key: str, measure: Callable[[], float], cache: Path | None = None) -> float:
+    ("`measure()`, taken once per `key` and kept in `cache_file(name)` (or `cache`): one process measures while the "
+     "others wait for its figure (a lock file beside it); a home that cannot be written measures each time. A "
+     "`Provisional` figure, or one `measure_again` marked, is measured again the next time: the larger is kept.")
+    cache = cache or cache_file(name)
+    if (known := _settled(cache, key)) is not None:
+        return known
+    if (lock := _locked(cache)) is None:
+        return float(measure())
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (known := _read_json(cache).get(key)) is None:  # no other process measured it while this one waited
-            known = measure()
-            written = cache.with_suffix(f".{os.getpid()}.tmp")
-            try:  # whole or not at all: a reader without the lock never sees half a file
-                written.write_text(json.dumps({**_read_json(cache), key: known}, indent=1))
-                os.replace(written, cache)
-            except OSError:
-                pass
+        if (known := _settled(cache, key)) is None:  # no other process measured it while this one waited
+            new, kept = measure(), _read_json(cache)
+            known = max(float(new), kept.get(key) or 0.0)  # figures of speed: the best of the timings
+            kept = {k: v for k, v in kept.items() if k != key + _AGAIN} | {key: known}
+            _write_json(cache, kept | ({key + _AGAIN: True} if isinstance(new, Provisional) else {}))
     return known
+
+def measure_again(name: str, key: str, cache: Path | None = None) -> None:
+    "Have `measured_once` measure `key`'s kept figure again the next time it is read (and keep the larger)."
+    cache = cache or cache_file(name)
+    if (lock := _locked(cache)) is not None:
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if key in (kept := _read_json(cache)):
+                _write_json(cache, kept | {key + _AGAIN: True})
 
 # %% ../nbs/02_sizing.ipynb #9ed250cb
 def cpu_peak_flops(cache: Path | None = None) -> float:
