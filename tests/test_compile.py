@@ -62,7 +62,7 @@ def test_a_tpu_v5e_chip_compiles_the_planned_programs():
 
 @needs_compilers
 def test_a_v6e_chip_and_a_v5e_slice_of_four():
-    v6e = report("--profile", "tpu-v6e", "--model-preset", "nano", "--batch-size", "4", "--no-generate")
+    v6e = report("--profile", "tpu-v6e", "--model-preset", "nano", "--batch-size", "4", "--no-generate", *ADAMW)
     assert v6e["device"] == "TPU v6 lite" and v6e["train"]["device_memory"] == 31.25 * 2**30
     slice4 = report("--profile", "tpu-v5e", "--devices", "4", "--model-preset", "nano", "--batch-size", "4",
                     "--no-generate", *ADAMW)
@@ -85,7 +85,7 @@ def test_an_h100_and_eight_a100s():
     assert [loop["trips"] for loop in generate["while_loops"]] == [16]
     assert 2 * params < generate["bytes_accessed"] < 3.5 * params, generate["bytes_accessed"] / params
     a100s = report("--profile", "a100-40gb", "--devices", "8", "--model-preset", "nano", "--batch-size", "2",
-                   "--no-generate")
+                   "--no-generate", *ADAMW)
     assert a100s["num_devices"] == 8 and a100s["train"]["mesh"] == {"data": 8, "fsdp": 1}
     assert a100s["device"] == "NVIDIA A100-SXM4-40GB" and a100s["train"]["attention"] == "cudnn"
 
@@ -93,12 +93,12 @@ def test_an_h100_and_eight_a100s():
 @needs_compilers
 def test_what_does_not_fit_is_one_line():
     tpu = compile_run("--profile", "tpu-v5e", "--model-preset", "nano", "--seq-len", "1024", "--batch-size", "4096",
-                      "--no-generate")
+                      "--no-generate", *ADAMW)  # AdamW: Muon's iterations would only add compiling
     assert tpu.returncode == 2 and "Traceback" not in tpu.stderr, tpu.stderr[-2000:]
     line = tpu.stderr.strip().splitlines()[-1]
     assert line.startswith("error: the training step does not fit there: RESOURCE_EXHAUSTED") and "exceeds" in line
     gpu = compile_run("--profile", "h100", "--model-preset", "nano", "--seq-len", "1024", "--batch-size", "16384",
-                      "--no-generate", "--json")
+                      "--no-generate", "--json", *ADAMW)
     assert gpu.returncode == 2 and json.loads(gpu.stdout)["train"]["fits"] is False  # the report, then the error
     assert gpu.stderr.strip().splitlines()[-1].startswith("error: the training step needs")
 

@@ -10,17 +10,21 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .data import BUILTIN_CORPUS
-from .model import PRECISIONS
+from dataclasses import fields
+
+from .data import BUILTIN_CORPUS, DataConfig
+from .model import PRECISIONS, ModelConfig
 from .parallel import usable_cores
-from .profiles import PROFILES
+from .profiles import BASE_LEARNING_RATE, BASE_WIDTH, CPU_STEPS_PER_CALL, PROFILES, SAVE_MINUTES, STEPS_PER_CALL
+from .tokenizer import TokenizerConfig
+from .train import TrainConfig
 from .sizing import PRESET_LABELS, PRESETS
 from .errors import TinyLMError
 
 # %% auto #0
 __all__ = ['DATA_FLAGS', 'TOKENIZER_FLAGS', 'MODEL_FLAGS', 'SHAPE_FLAGS', 'TRAIN_FLAGS', 'MODEL_RENAMES', 'EXPORT_FORMATS',
-           'FLAG_RANGES', 'NAMED_EITHER_WAY', 'EXAMPLES', 'duration', 'Range', 'at_least', 'check_ranges',
-           'given_flags', 'build_parser']
+           'FLAG_RANGES', 'NAMED_EITHER_WAY', 'EXAMPLES', 'duration', 'field_default', 'Range', 'at_least',
+           'check_ranges', 'given_flags', 'build_parser']
 
 # %% ../nbs/08c_flags.ipynb #6821e5af
 _UNITS = {"s": 1, "m": 60, "h": 3600}
@@ -52,37 +56,37 @@ MODEL_RENAMES = {"num_layers": "n_layer", "num_heads": "n_head", "num_kv_heads":
 # %% ../nbs/08c_flags.ipynb #d2ba7a78
 _HELP = {
     "dataset_id": "builtin:python-stdlib, a local .txt/.jsonl/.json/.parquet/.csv file or folder (.gz too), or a hub "
-                  "dataset id (default: builtin:python-stdlib)",
+                  "dataset id (default: {default})",
     "dataset_config": "hub dataset configuration (subset) name (default: none)",
-    "text_column": "column holding the text in jsonl, json, parquet, csv and hub sources (default: text)",
-    "split": "split to train on (default: train)",
+    "text_column": "column holding the text in jsonl, json, parquet, csv and hub sources (default: {default})",
+    "split": "split to train on (default: {default})",
     "val_split": "validation: a split name, a fraction to hold out, or auto (default: auto = the 'validation' split, "
                  "else 2%%: a single text file's contiguous last part, as nanoGPT splits one text; of a folder or a "
                  "table, that share of its documents, at least one)",
     "max_train_examples": "read at most this many training documents per epoch (default: all)",
     "max_val_examples": "read at most this many validation documents (default: as many as --eval-batches needs)",
     "stride": "tokens between window starts; less than --seq-len makes windows overlap (default: --seq-len)",
-    "shuffle_buffer_size": "windows in the streaming shuffle buffer; 1 disables shuffling (default: 1000)",
+    "shuffle_buffer_size": "windows in the streaming shuffle buffer; 1 disables shuffling (default: {default})",
     "num_workers": "tokenizer threads; 0 tokenizes on the reading thread (default: one on up to 2 CPU cores, "
                    "else one per core, at most 4)",
-    "vocab_size": "tokens in the trained tokenizer's vocabulary (default: 4096)",
-    "min_vocab_size": "smallest size --auto-vocab-size may choose (default: 512)",
-    "max_vocab_size": "largest size --auto-vocab-size may choose (default: 16384)",
-    "tokenizer_train_examples": "documents the tokenizer is trained on (default: 20000)",
+    "vocab_size": "tokens in the trained tokenizer's vocabulary (default: {default})",
+    "min_vocab_size": "smallest size --auto-vocab-size may choose (default: {default})",
+    "max_vocab_size": "largest size --auto-vocab-size may choose (default: {default})",
+    "tokenizer_train_examples": "documents the tokenizer is trained on (default: {default})",
     "d_model": "model width (default: the preset's)", "num_layers": "transformer blocks (default: the preset's)",
     "num_heads": "attention heads (default: the preset's)",
     "num_kv_heads": "key/value heads for grouped-query attention; must divide --num-heads (default: --num-heads, "
                     "plain multi-head)",
     "d_ff": "MLP hidden width (default: the preset's)", "seq_len": "tokens of context (default: the preset's)",
     "activation": "the two-matrix MLP's activation: relu2 (relu(x)², modded-nanogpt's and nanochat's), gelu "
-                  "(GPT-2's), relu or silu; not with --swiglu (default: relu2)",
+                  "(GPT-2's), relu or silu; not with --swiglu (default: {default})",
     "dropout_rate": "dropout on the embeddings and residual branches while training, in [0, 1); off in evaluation "
-                    "and generation (default: 0)",
+                    "and generation (default: {default})",
     "logit_softcap": "soft-cap the logits to cap·tanh(logits / cap) in training, evaluation and generation; nanochat "
                      "uses 15 (default: 0, off)",
     "batch_size": "sequences per micro-batch on each device, a CPU counting as one device (shared out over its cores); "
-                  "the global batch is this × devices (default: the --profile's: 16 on a CPU, 32,768 tokens' worth "
-                  "on a GPU or TPU)",
+                  f"the global batch is this × devices (default: the --profile's: {TrainConfig.batch_size} on a "
+                  "CPU, 32,768 tokens' worth on a GPU or TPU)",
     "remat": "what the backward pass recomputes instead of keeping, to fit a bigger batch in memory: none, block "
              "(each block's activations: the least memory, about a third more compute) or dots (keeps the matmul "
              "outputs) (default: the --profile's: none on a CPU; on a GPU or TPU the least recomputation that "
@@ -91,46 +95,62 @@ _HELP = {
                  "head, norms and adapters; a run continues with the optimizer it was trained with (default: the "
                  "--profile's: adamw on a CPU)",
     "muon_learning_rate": "--optimizer muon: peak learning rate of the Muon matrices; --learning-rate stays the "
-                          "AdamW part's (default: 0.02)",
+                          "AdamW part's (default: {default})",
     "lr_schedule": "cosine: warm-up, then a cosine to the end rate; wsd: warm-up, the peak held, then a straight line "
-                   "to the end rate over the last --decay-fraction of the run (default: wsd)",
-    "decay_fraction": "--lr-schedule wsd: the share of the run, at its end, spent decaying (default: 0.3)",
+                   "to the end rate over the last --decay-fraction of the run (default: {default})",
+    "decay_fraction": "--lr-schedule wsd: the share of the run, at its end, spent decaying (default: {default})",
     "time_budget": "train until this much wall time is spent (90s, 45m, 1.5h; a bare number is minutes), "
                    "evaluation and the last save included: the wsd decay starts by the clock, --decay-fraction "
                    "of the budget before its end; --max-steps and --epochs, if given, still cap the run (default: "
                    "none, the run ends by steps)",
     "steps_per_call": "optimizer steps per compiled call (one scan over that many batches): fewer launches for a "
                       "small model on an accelerator; logging, evaluation, checkpoints and Ctrl-C/SIGTERM take "
-                      "effect at the end of a call (default: the --profile's: 1 on a CPU, up to 10 for small models "
-                      "on a GPU or TPU)",
+                      "effect at the end of a call (default: the --profile's: "
+                      f"{CPU_STEPS_PER_CALL} on a CPU; on a GPU or TPU up to {max(STEPS_PER_CALL)} for small models, "
+                      "fewer for bigger ones)",
     "max_skipped_steps": "stop after this many steps in a row with non-finite gradients, whose updates are skipped "
-                         "(default: 5)",
+                         "(default: {default})",
     "gradient_accumulation_steps": "micro-batches per optimizer step (default: the --profile's: 1, more where its "
                                    "batch does not fit the device's memory at once)",
-    "learning_rate": "peak learning rate after warmup (default: the --profile's: 3e-3 on a CPU, scaled as 1 / "
-                     "--d-model from the tiny preset's 3e-3 at width 128 elsewhere)",
-    "weight_decay": "AdamW weight decay on matrices (default: 0.1)",
-    "warmup_steps": "linear warmup steps, at most a tenth of the run (default: 50)",
-    "grad_clip": "clip gradients to this global norm; 0 disables (default: 1.0)",
+    "learning_rate": f"peak learning rate after warmup (default: the --profile's: {BASE_LEARNING_RATE:g} on a CPU, "
+                     f"scaled as 1 / --d-model from the tiny preset's {BASE_LEARNING_RATE:g} at width {BASE_WIDTH} "
+                     "elsewhere)",
+    "weight_decay": "AdamW weight decay on matrices (default: {default})",
+    "warmup_steps": "linear warmup steps, at most a tenth of the run (default: {default})",
+    "grad_clip": "clip gradients to this global norm; 0 disables (default: {default})",
     "max_steps": "optimizer steps to train; resuming with the same length is exact, and another (training a finished "
                  "run further) keeps the saved schedule up to the resume step, then re-warms from the rate in force "
                  "there at the warm-up's slope (to the peak, for at most a tenth of the new steps) and decays to the "
-                 "end rate at the new total: the rate never jumps (default: 600)",
+                 "end rate at the new total: the rate never jumps (default: {default})",
     "epochs": "passes over the training data instead of --max-steps (default: none)",
-    "eval_every": "steps between validation evaluations (default: 100)",
-    "eval_batches": "validation batches per evaluation (default: 10)",
-    "log_every": "steps between progress updates (default: 10)",
-    "save_every": "steps between checkpoints (default: 200)",
+    "eval_every": "steps between validation evaluations (default: {default})",
+    "eval_batches": "validation batches per evaluation (default: {default})",
+    "log_every": "steps between progress updates (default: {default})",
+    "save_every": "steps between checkpoints (default: {default})",
     "save_every_minutes": "also save a checkpoint when this many minutes of wall time passed since the last one, for "
-                          "disconnects that send no signal (default: the --profile's: 10 on a CPU, 5 on a GPU or TPU; "
-                          "0: by steps only)",
+                          f"disconnects that send no signal (default: the --profile's: {SAVE_MINUTES['cpu']:g} on a "
+                          f"CPU, {SAVE_MINUTES['gpu']:g} on a GPU or TPU; 0: by steps only)",
     "keep_checkpoints": "checkpoint_step_N folders to keep, newest first; the best by validation loss is kept besides "
-                        "(default: 2)",
+                        "(default: {default})",
     "cpu_devices": "CPU runs: how many devices to show XLA the CPU as, for data parallelism over its cores; they share "
                    f"--batch-size (default: one per usable core, {usable_cores()} here, unless XLA_FLAGS sets a count; "
                    "1: one device)",
-    "seed": "seed of the parameters, the batch order and the shuffle buffer (default: 0)",
+    "seed": "seed of the parameters, the batch order and the shuffle buffer (default: {default})",
 }
+_CONFIGS = (DataConfig, TokenizerConfig, ModelConfig, TrainConfig)  # what the flags set, each default written there
+_FIELDS = {**MODEL_RENAMES, "tokenizer_train_examples": "train_examples"}  # flag -> field, where the names differ
+
+def field_default(name: str):
+    "The default of the config field that flag `name` sets: its dataclass's, the one place it is written."
+    field = _FIELDS.get(name, name)
+    return next(f.default for config in _CONFIGS for f in fields(config) if f.name == field)
+
+def _said(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+# a help's "{default}" is its field's default, written in: the two cannot differ
+_HELP = {name: text.replace("{default}", _said(field_default(name))) if "{default}" in text else text
+         for name, text in _HELP.items()}
 
 # %% ../nbs/08c_flags.ipynb #985fac62
 def _train_parser(sub, name: str = "train", summary: str = "train a model (defaults: the tiny preset on the built-in "
