@@ -25,7 +25,7 @@ def planned_cpu_speed(cache_home: Path) -> float:
 
     os.environ["XDG_CACHE_HOME"] = str(cache_home)
     measured_once("cpu_train_flops", cpu_speed_key(), lambda: (jax.process_index() + 1) * 1e9)
-    return plan_speed(None)[0]
+    return plan_speed(None).flops
 
 
 def prepare(out, text_file, run_dir):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -37,10 +37,11 @@ __all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSU
            'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'STEP_OVERHEAD', 'SPEED_MODEL', 'USERS_COMPILE',
            'BUSY_SHARE', 'RUN_FASTER', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware',
            'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'bytes_per_token_guess', 'Length',
-           'context_for', 'model_ladder', 'preset_named', 'tokens_trained', 'seconds_for', 'capped', 'effective_tokens',
-           'size_model', 'dropout_for', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call',
-           'steps_per_call_dividing', 'muon_overhead', 'choose_optimizer', 'Plan', 'others_cpu_share', 'time_cpu_step',
-           'cpu_train_flops', 'check_cpu_speed', 'cpu_speed_key', 'plan_speed', 'step_tokens_for', 'plan_run']
+           'context_for', 'model_ladder', 'preset_named', 'Speed', 'tokens_trained', 'seconds_for', 'capped',
+           'effective_tokens', 'size_model', 'dropout_for', 'choose_batch', 'choose_learning_rate',
+           'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead', 'choose_optimizer', 'Plan',
+           'others_cpu_share', 'time_cpu_step', 'cpu_train_flops', 'machine_quiet', 'check_cpu_speed', 'cpu_speed_key',
+           'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/04a_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -228,21 +229,26 @@ def preset_named(cfg: ModelConfig) -> str | None:
     return next((name for name in PRESETS if shape(preset_config(name, cfg.vocab_size)) == shape(cfg)), None)
 
 # %% ../nbs/04a_profiles.ipynb #4b486de2
-def tokens_trained(cfg: ModelConfig, length: Length, speed: tuple[float, float] | None,
+class Speed(NamedTuple):
+    "What a plan expects of a device (`plan_speed`): a step costs its FLOPs at `flops` a second, plus `step_overhead`."
+    flops: float  # FLOP/s
+    step_overhead: float  # seconds a step costs beyond its FLOPs: launching it, the host's work
+
+def tokens_trained(cfg: ModelConfig, length: Length, speed: Speed | None,
                    step_tokens: Callable[[ModelConfig], int]) -> float:
     ("Tokens a run of `cfg` trains in `length`, whichever end comes first: its time (TRAIN_SHARE of it in steps of "
-     "`step_tokens(cfg)` tokens, each their FLOPs at `speed[0]` FLOP/s plus `speed[1]` s), its steps, its epochs.")
+     "`step_tokens(cfg)` tokens, each taking `speed`), its steps, its epochs.")
     step = step_tokens(cfg)
     ends = [TRAIN_SHARE * length.time_budget / _step_seconds(cfg, step, speed) * step] if length.time_budget else []
     ends += [length.max_steps * step] if length.max_steps else []
     ends += [length.epochs * length.corpus_tokens] if length.epochs and length.corpus_tokens else []
     return min(ends)
 
-def _step_seconds(cfg: ModelConfig, step: int, speed: tuple[float, float]) -> float:
-    "Seconds a step of `step` tokens of `cfg` takes: its FLOPs at `speed[0]` FLOP/s, plus `speed[1]` s."
-    return step * flops_per_token(cfg) / speed[0] + speed[1]
+def _step_seconds(cfg: ModelConfig, step: int, speed: Speed) -> float:
+    "Seconds a step of `step` tokens of `cfg` takes: its FLOPs at `speed.flops`, plus `speed.step_overhead`."
+    return step * flops_per_token(cfg) / speed.flops + speed.step_overhead
 
-def seconds_for(cfg: ModelConfig, tokens: float, speed: tuple[float, float], step: int) -> float:
+def seconds_for(cfg: ModelConfig, tokens: float, speed: Speed, step: int) -> float:
     "Wall time a run of `cfg` training on `tokens` in steps of `step` tokens takes: `tokens_trained`'s inverse."
     return tokens / step * _step_seconds(cfg, step, speed) / TRAIN_SHARE
 
@@ -279,7 +285,7 @@ def _limit(trained: float, worth: float, by_passes: bool, per_param: float, spar
         return "the data" if worth < DATA_TOKENS_PER_PARAM else None
     return "the data" if by_passes else "the time"
 
-def size_model(ladder: Sequence[ModelConfig], length: Length, speed: tuple[float, float] | None, step_tokens: Callable,
+def size_model(ladder: Sequence[ModelConfig], length: Length, speed: Speed | None, step_tokens: Callable,
                fits: Callable[[ModelConfig], bool], per_param: float = PLAN_TOKENS_PER_PARAM,
                by_data: bool = False) -> tuple[ModelConfig, list[str]]:
     ("The largest model of `ladder` that fits, trains on `per_param` tokens per parameter in `length` (or, `by_data`, "
@@ -336,7 +342,8 @@ def choose_batch(cfg: ModelConfig, memory_bytes: int, kernel: str = "xla") -> tu
     return next((fit for fit in fits if fit[1] == 1), fits[0])  # else the least remat's micro-batches
 
 # %% ../nbs/04a_profiles.ipynb #83cf5e75
-BASE_LEARNING_RATE, BASE_WIDTH = 3e-3, 128  # the defaults' rate, right for the tiny preset's width
+# the defaults' rate (TrainConfig's, written there once), right for the tiny preset's width
+BASE_LEARNING_RATE, BASE_WIDTH = TrainConfig.learning_rate, PRESETS["tiny"]["d_model"]
 
 def choose_learning_rate(cfg: ModelConfig) -> float:
     "The peak learning rate for `cfg`: the tiny preset's 3e-3, scaled as 1 / d_model."
@@ -375,7 +382,7 @@ def choose_optimizer(cfg: ModelConfig, tokens_per_step: int) -> str:
 
 # %% ../nbs/04a_profiles.ipynb #bbf23b73
 # --save-every-minutes: a Colab accelerator may disconnect at any time
-SAVE_MINUTES = {"cpu": 10.0, "gpu": 5.0, "tpu": 5.0}
+SAVE_MINUTES = {"cpu": TrainConfig.save_every_minutes, "gpu": 5.0, "tpu": 5.0}
 
 # %% ../nbs/04a_profiles.ipynb #e78f53a9
 @dataclass(frozen=True)
@@ -453,10 +460,14 @@ def _cpu_plan(num_devices: int, memory: int, detected: bool, model: ModelConfig 
     "The CPU profile: the defaults (or a sized model at its rate), a few minutes of training on a laptop."
     cfg, train = model or preset_config("tiny", 4096), TrainConfig()
     rate = choose_learning_rate(cfg) if sized else train.learning_rate
-    return Plan("cpu", "cpu", detected, num_devices, memory, None if model else "tiny", cfg.seq_len, train.batch_size,
-                train.gradient_accumulation_steps, rate, "float32" if model is None else cfg.dtype,
-                "xla", train.save_every_minutes, train_memory_bytes(cfg, train.batch_size)["total"], None,
-                CPU_STEPS_PER_CALL, optimizer="adamw")  # measured: Muon loses at equal wall time on a CPU (16_recipe)
+    return Plan(profile="cpu", device="cpu", detected=detected, num_devices=num_devices, memory_bytes=memory,
+                model_preset=None if model else "tiny", seq_len=cfg.seq_len, batch_size=train.batch_size,
+                gradient_accumulation_steps=train.gradient_accumulation_steps, learning_rate=rate,
+                precision="float32" if model is None else cfg.dtype, attention="xla",
+                save_every_minutes=SAVE_MINUTES["cpu"],
+                train_memory_bytes=train_memory_bytes(cfg, train.batch_size)["total"], compute_optimal_hours=None,
+                steps_per_call=CPU_STEPS_PER_CALL,
+                optimizer="adamw")  # measured: Muon loses at equal wall time on a CPU (16_recipe)
 
 def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected: bool,
                       model: ModelConfig | None) -> Plan:
@@ -468,12 +479,14 @@ def _accelerator_plan(hw: Hardware, vocab_size: int, num_devices: int, detected:
     kernel = attention_implementation(cfg, device=device)
     micro, accum, remat = choose_batch(cfg, memory, kernel)
     peak = _peak(hw, cfg.dtype)
-    return Plan(hw.name, hw.kind, detected, num_devices, memory, preset, cfg.seq_len, micro, accum,
-                choose_learning_rate(cfg), cfg.dtype, kernel, SAVE_MINUTES[hw.platform],
-                train_memory_bytes(cfg, micro, remat, kernel, memory)["total"],
-                compute_optimal_hours(cfg, peak * num_devices) if peak else None,
-                choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1, remat,
-                optimizer=choose_optimizer(cfg, micro * accum * cfg.seq_len))
+    return Plan(profile=hw.name, device=hw.kind, detected=detected, num_devices=num_devices, memory_bytes=memory,
+                model_preset=preset, seq_len=cfg.seq_len, batch_size=micro, gradient_accumulation_steps=accum,
+                learning_rate=choose_learning_rate(cfg), precision=cfg.dtype, attention=kernel,
+                save_every_minutes=SAVE_MINUTES[hw.platform],
+                train_memory_bytes=train_memory_bytes(cfg, micro, remat, kernel, memory)["total"],
+                compute_optimal_hours=compute_optimal_hours(cfg, peak * num_devices) if peak else None,
+                steps_per_call=choose_steps_per_call(cfg, micro * accum * cfg.seq_len, peak) if peak else 1,
+                remat=remat, optimizer=choose_optimizer(cfg, micro * accum * cfg.seq_len))
 
 # %% ../nbs/04a_profiles.ipynb #60dfcea1
 # seconds a step costs beyond its FLOPs at the device's speed: an H200 launching the tiny preset's step (1.3 ms); a
@@ -547,7 +560,12 @@ def cpu_train_flops(cache: Path | None = None) -> float:
                   file=sys.stderr)
             return Provisional(flops)
         return flops
-    return measured_once("cpu_train_flops", cpu_speed_key(), measure, cache)
+    return measured_once("cpu_train_flops", cpu_speed_key(), measure, cache, again=machine_quiet)
+
+def machine_quiet(seconds: float = 0.25) -> bool:
+    ("Whether other programs leave this CPU to a timing now: at most BUSY_SHARE of its cores busy over `seconds`. A "
+     "figure to time again waits for this: timed on a busy machine, it would be no better, and each plan would pay.")
+    return others_cpu_share(lambda: time.sleep(seconds))[1] <= BUSY_SHARE
 
 RUN_FASTER = 1.5  # a CPU run training this much faster than the speed plans size by: that figure was timed too low
 
@@ -575,16 +593,16 @@ def _cpu_speed() -> float:
     from jax.experimental import multihost_utils
     return float(multihost_utils.broadcast_one_to_all(np.float32(cpu_train_flops())))
 
-def plan_speed(hw: Hardware | None, num_devices: int = 1) -> tuple[float, float]:
+def plan_speed(hw: Hardware | None, num_devices: int = 1) -> Speed:
     ("What a plan expects of `num_devices` of `hw` (None: this CPU): FLOP/s (an accelerator's peak at the MFU "
      "tiny_lm reaches there; a CPU's measured, `cpu_train_flops`) and the seconds each step costs beyond them.")
     if hw is None:
-        return _cpu_speed(), STEP_OVERHEAD["cpu"]
+        return Speed(_cpu_speed(), STEP_OVERHEAD["cpu"])
     peak = _peak(hw, _precision(hw))
     if peak is None:
         raise TinyLMError(f"no peak FLOP/s are known for a {hw.kind}, so no model can be sized: "
                           "give --model-preset, or --profile none")
-    return ASSUMED_MFU * peak * num_devices, STEP_OVERHEAD[hw.platform]
+    return Speed(ASSUMED_MFU * peak * num_devices, STEP_OVERHEAD[hw.platform])
 
 def step_tokens_for(hw: Hardware | None, num_devices: int = 1,
                     length: Length | None = None) -> Callable[[ModelConfig], int]:
@@ -644,7 +662,7 @@ def _length_reason(length: Length, hw: Hardware | None, num_devices: int) -> str
     "The length the plan sized for, in words."
     ends = []
     if length.time_budget:
-        flops = plan_speed(hw, num_devices)[0]
+        flops = plan_speed(hw, num_devices).flops
         speed = "timed on this CPU" if hw is None else f"{ASSUMED_MFU:.0%} of the peak"
         ends.append(f"{length.time_budget / 60:.3g} min (--time-budget) at about {flops / 1e12:.3g} TFLOP/s ({speed}), "
                     f"{TRAIN_SHARE:.0%} of it in training steps")

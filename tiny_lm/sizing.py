@@ -269,9 +269,10 @@ def kept_figure(name: str, key: str, cache: Path | None = None) -> float | None:
     "The figure `measured_once` keeps for `key` (None: none yet), whether or not it is to be measured again."
     return _read_json(cache or cache_file(name)).get(key)
 
-def _settled(cache: Path, key: str) -> float | None:
+def _settled(cache: Path, key: str, again: Callable[[], bool]) -> float | None:
+    "The kept figure, unless there is none or it is marked to be measured again and `again()` allows it now."
     kept = _read_json(cache)
-    return None if kept.get(key + _AGAIN) else kept.get(key)
+    return None if key not in kept or (kept.get(key + _AGAIN) and again()) else kept[key]
 
 def _locked(cache: Path):
     "The cache's lock file, open (lock it with `fcntl.flock`; closing it unlocks); None where it cannot be made."
@@ -289,18 +290,22 @@ def _write_json(cache: Path, figures: dict) -> None:
     except OSError:
         pass
 
-def measured_once(name: str, key: str, measure: Callable[[], float], cache: Path | None = None) -> float:
+def measured_once(name: str, key: str, measure: Callable[[], float], cache: Path | None = None,
+                  again: Callable[[], bool] = lambda: True) -> float:
     ("`measure()`, taken once per `key` and kept in `cache_file(name)` (or `cache`): one process measures while the "
      "others wait for its figure (a lock file beside it); a home that cannot be written measures each time. A "
-     "`Provisional` figure, or one `measure_again` marked, is measured again the next time: the larger is kept.")
+     "`Provisional` figure, or one `measure_again` marked, is measured again the next time `again()` says the "
+     "conditions allow (a quiet machine): the larger is kept.")
     cache = cache or cache_file(name)
-    if (known := _settled(cache, key)) is not None:
+    asked = {}
+    again_once = lambda: asked.setdefault("again", again())  # asked at most once a call
+    if (known := _settled(cache, key, again_once)) is not None:
         return known
     if (lock := _locked(cache)) is None:
         return float(measure())
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (known := _settled(cache, key)) is None:  # no other process measured it while this one waited
+        if (known := _settled(cache, key, again_once)) is None:  # no other process measured it while this one waited
             new, kept = measure(), _read_json(cache)
             known = max(float(new), kept.get(key) or 0.0)  # figures of speed: the best of the timings
             kept = {k: v for k, v in kept.items() if k != key + _AGAIN} | {key: known}
