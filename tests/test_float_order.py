@@ -128,7 +128,8 @@ def chunked_vs_plain(mcfg, tcfg, tokens):
     import jax
     import jax.numpy as jnp
     from flax import nnx
-    from tiny_lm.train import chunked_cross_entropy, init_model, loss_fn
+    from tiny_lm.loss import chunked_cross_entropy, loss_fn
+    from tiny_lm.train import init_model
     model, _ = init_model(mcfg, tcfg, total_steps=1)
     batch = jnp.asarray(tokens[0])
     plain = lambda m: loss_fn(m, batch, chunked=False)

@@ -393,7 +393,7 @@ class _Ends:
 
     def projected(self, x_BTD: jax.Array) -> jax.Array:
         """The final norm and the output projection, in the compute dtype and before the soft-cap: what the loss
-        (04_train) takes, so that no float32 copy of a batch's `[B, T, V]` logits is ever stored."""
+        (03b_loss) takes, so that no float32 copy of a batch's `[B, T, V]` logits is ever stored."""
         x_BTD = self.norm(x_BTD)
         return self.embed.attend(x_BTD) if self.lm_head is None else self.lm_head(x_BTD)
 

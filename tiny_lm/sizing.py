@@ -143,7 +143,7 @@ def target_config(
 # compilers build (08d_compile: XLA's GPU compiler for an H100, its layers unrolled as `scan_layers` unrolls them
 # there; libtpu for a v5e chip, rolled; jax 0.10.2) of the medium and large presets at 4 and 16 sequences and, on the
 # GPU, the tiny, small and large presets and GPT-2 small (within 3 % but the tiny preset's 9 %), with the loss's
-# bf16 logits (04_train's `cross_entropy`) and the MLP's activation recomputed (01_model): on the GPU the F-wide
+# bf16 logits (03b_loss's `cross_entropy`) and the MLP's activation recomputed (01_model): on the GPU the F-wide
 # arrays then cost nothing the fit can see, but where the loss slices the logits the step's peak moves into the
 # layers, which keep 2.1·F more (GPT-2 small at 48 and 96 sequences). The fourth figure is F's there. The count above
 # keeps 18·D + 4·F and 12·V: a TPU's rolled layers keep 1.9x that. A CPU's step keeps what the count says (below).
@@ -152,7 +152,7 @@ LOGITS_MEMORY_SHARE = 1 / 8  # loss_fn slices the fp32 [B, T, V] logits where th
 LOSS_CHUNK_BYTES = 2**26  # the fp32 logits of one slice of the sequence: 64 MiB
 
 def _sliced(cfg: ModelConfig, batch_size: int, memory_bytes: int | None) -> bool:
-    "Whether 04_train's `loss_fn` slices the logits of this micro-batch on a device of `memory_bytes`."
+    "Whether 03b_loss's `loss_fn` slices the logits of this micro-batch on a device of `memory_bytes`."
     logits = 4 * batch_size * cfg.seq_len * cfg.vocab_size  # bytes of the micro-batch's fp32 logits
     return memory_bytes is not None and logits > LOGITS_MEMORY_SHARE * memory_bytes
 

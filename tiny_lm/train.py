@@ -29,16 +29,15 @@ from .budget import (EVAL_SHARE, FORWARD_COMPILE_SHARE, FORWARD_SHARE, crossed, 
 from .cpu import compiler_options, one_all_reduce, release_freed_memory
 from .data import step_batches
 from .errors import TinyLMError, folder_to_write
+from .loss import loss_fn
 from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
 from .schedule import SCHEDULES, clock_rates, decay_data, decay_from, new_schedule, schedule_fn
 from .show import LivePlot, in_notebook, plot_losses
-from .sizing import LOGITS_MEMORY_SHARE, LOSS_CHUNK_BYTES, flops_per_token, peak_flops
-from .target import target_memory, target_platform
+from .sizing import flops_per_token, peak_flops
 
 # %% auto #0
 __all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig', 'decay_mask',
-           'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'loss_fn',
-           'cross_entropy', 'logsumexp_one_pass', 'logits_budget', 'chunked_cross_entropy', 'dropout_key',
+           'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'dropout_key',
            'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog',
            'Interrupted', 'stop_signals', 'budget_optimizer', 'fit']
 
@@ -205,119 +204,6 @@ def init_model(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
 def set_schedule(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict) -> None:
     "Give `optimizer` the rates of `schedule` (a resumed run's): the state does not depend on them, so it stays valid."
     optimizer.tx = make_optimizer(cfg, schedule["total_steps"], schedule)
-
-def loss_fn(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None,
-            chunked: bool | None = None, remat: str = "none") -> jax.Array:
-    """Mean next-token cross-entropy (nats) of a batch of `seq_len + 1` windows (dropout on when given a key);
-    `chunked` (default: where the fp32 logits would exceed `logits_budget()`) never holds all of them at once."""
-    inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
-    if chunked is None:
-        chunked = 4 * targets_BT.size * model.cfg.vocab_size > logits_budget()
-    features_BTD, cap = model.features(inputs_BT, dropout_key, remat), model.cfg.logit_softcap
-    if chunked:  # a slice's float32 logits and optax's loss: fewer bytes held there than `cross_entropy`'s
-        return chunked_cross_entropy(model.logits, features_BTD, targets_BT, model.cfg.vocab_size)
-    if target_platform() == "cpu":  # optax's float32 loss: on a CPU `cross_entropy` made a step 17 % slower
-        return optax.softmax_cross_entropy_with_integer_labels(model.logits(features_BTD), targets_BT).mean()
-    return cross_entropy(model.projected(features_BTD), targets_BT, jnp.ones((), jnp.float32), cap) / targets_BT.size
-
-def _capped_f32(logits_BTV: jax.Array, cap: float) -> jax.Array:
-    "The logits in float32, soft-capped to `cap·tanh(z / cap)` when `cap`: computed inside a kernel, never stored."
-    z_BTV = logits_BTV.astype(jnp.float32)
-    return cap * jnp.tanh(z_BTV / cap) if cap else z_BTV
-
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array, cap: float = 0.0) -> jax.Array:
-    """Summed cross-entropy (nats) of logits in their own dtype (bf16 on accelerators) against integer targets, each
-    position weighted (`weights_BT` broadcasts: padding weighs 0), soft-capped inside when `cap`; float32 only within
-    each kernel. Its gradient, `(softmax − one-hot) · weight` in the logits' dtype, is one pass over the logits."""
-    return _cross_entropy_fwd(logits_BTV, targets_BT, weights_BT, cap)[0]
-
-def _merge_exp_sums(a: tuple, b: tuple) -> tuple:
-    "Two running `(max m, sum of exp(z − m))` pairs as one (an empty pair is `(−inf, 0)`)."
-    (m_a, s_a), (m_b, s_b) = a, b
-    m = jnp.maximum(m_a, m_b)
-    scaled = lambda m_x, s_x: jnp.where(m_x == m, s_x, s_x * jnp.exp(m_x - m))  # −inf == −inf: no exp(nan)
-    return m, scaled(m_a, s_a) + scaled(m_b, s_b)
-
-def logsumexp_one_pass(z_BTV: jax.Array) -> jax.Array:
-    """`log Σ exp(z)` over the last axis, reading `z` once: a running maximum and a sum rescaled to it, in one
-    reduction (`jax.nn.logsumexp` reads `z` twice, once for its maximum and once for the sum)."""
-    init = (jnp.array(-jnp.inf, z_BTV.dtype), jnp.array(0, z_BTV.dtype))
-    m_BT, s_BT = jax.lax.reduce((z_BTV, jnp.ones_like(z_BTV)), init, _merge_exp_sums, (z_BTV.ndim - 1,))
-    return m_BT + jnp.log(s_BT)
-
-def _cross_entropy_fwd(logits_BTV, targets_BT, weights_BT, cap):
-    z_BTV = _capped_f32(logits_BTV, cap)
-    lse_BT = logsumexp_one_pass(z_BTV)
-    target_BT = jnp.take_along_axis(z_BTV, targets_BT[..., None], axis=-1)[..., 0]
-    return jnp.sum((lse_BT - target_BT) * weights_BT), (logits_BTV, targets_BT, weights_BT, lse_BT)
-
-def _cross_entropy_bwd(cap, residuals, g):
-    logits_BTV, targets_BT, weights_BT, lse_BT = residuals
-    z_BTV = _capped_f32(logits_BTV, cap)
-    d_BTV = jnp.exp(z_BTV - lse_BT[..., None]) - jax.nn.one_hot(targets_BT, z_BTV.shape[-1], dtype=jnp.float32)
-    if cap:
-        d_BTV = d_BTV * (1 - jnp.square(z_BTV / cap))  # d(cap·tanh(x / cap))/dx = 1 − tanh²
-    return (d_BTV * (g * weights_BT)[..., None]).astype(logits_BTV.dtype), None, None
-
-cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
-
-# %% ../nbs/04_train.ipynb #b3435e67
-# LOGITS_MEMORY_SHARE and LOSS_CHUNK_BYTES live in 02_sizing, whose memory estimate slices where loss_fn does
-
-def logits_budget() -> int:
-    ("Bytes the fp32 logits of a batch may take before `loss_fn` slices them: a share of the memory that holds them. "
-     "Each GPU or TPU of the mesh being traced (`on_mesh`) holds its share of the batch in its own `bytes_limit`; "
-     "a CPU's devices all share the machine's RAM. A named target (00b_target) gives its own device's memory.")
-    limit = target_memory() or (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")  # a CPU has none
-    if not limit:
-        return int(LOGITS_MEMORY_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    mesh = jax.sharding.get_abstract_mesh()
-    return int(LOGITS_MEMORY_SHARE * limit * (1 if mesh.empty else mesh.size))
-
-def _slice_loss(head: Callable, consts: list, x_BCD: jax.Array, y_BC: jax.Array, w_1C: jax.Array) -> jax.Array:
-    "A slice's summed cross-entropy (padded positions weigh 0)."
-    logits_BCV = head(x_BCD, *consts).astype(jnp.float32)
-    return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits_BCV, y_BC) * w_1C)
-
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _sliced_loss(head: Callable, consts: list, x_NBCD, y_NBC, w_NBC) -> jax.Array:
-    "The loss summed over the slices `[N, B, C, ...]`, one slice's logits at a time."
-    step = lambda total, xs: (total + _slice_loss(head, consts, *xs), None)
-    return jax.lax.scan(step, jnp.zeros((), jnp.float32), (x_NBCD, y_NBC, w_NBC))[0]
-
-def _sliced_loss_fwd(head, consts, x_NBCD, y_NBC, w_NBC):
-    "The loss, and its gradients made slice by slice while each slice's logits exist: the backward pass only scales."
-    def step(carry, xs):
-        total, dconsts = carry
-        x_BCD, y_BC, w_1C = xs
-        loss, pull = jax.vjp(lambda c, x: _slice_loss(head, c, x, y_BC, w_1C), consts, x_BCD)
-        dc, dx_BCD = pull(jnp.ones_like(loss))
-        return (total + loss, jax.tree.map(jnp.add, dconsts, dc)), dx_BCD
-    start = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, consts))
-    (total, dconsts), dx_NBCD = jax.lax.scan(step, start, (x_NBCD, y_NBC, w_NBC))
-    return total, (dconsts, dx_NBCD)
-
-def _sliced_loss_bwd(head, residuals, g):
-    dconsts, dx_NBCD = residuals
-    scale = lambda d: (g * d).astype(d.dtype)
-    return jax.tree.map(scale, dconsts), scale(dx_NBCD), None, None
-
-_sliced_loss.defvjp(_sliced_loss_fwd, _sliced_loss_bwd)
-
-def chunked_cross_entropy(logits_fn: Callable[[jax.Array], jax.Array], x_BTD: jax.Array, targets_BT: jax.Array,
-                          vocab_size: int, chunk_bytes: int = LOSS_CHUNK_BYTES) -> jax.Array:
-    """Mean cross-entropy of `logits_fn(x_BTD)` against `targets_BT`, a slice of the sequence at a time, each slice's
-    gradients made in the forward pass (no second pass through `logits_fn`)."""
-    B, T, D = x_BTD.shape
-    C = max(1, min(T, chunk_bytes // (4 * B * vocab_size)))  # time steps per slice
-    n = -(-T // C)
-    pad = n * C - T  # padded positions weigh 0
-    x_NBCD = jnp.pad(x_BTD, ((0, 0), (0, pad), (0, 0))).reshape(B, n, C, D).swapaxes(0, 1)
-    y_NBC = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(B, n, C).swapaxes(0, 1)
-    w_NBC = (jnp.arange(n * C) < T).reshape(n, 1, C)
-    head, consts = jax.closure_convert(logits_fn, x_NBCD[0])  # the head's weights, as arguments the VJP can return
-    return _sliced_loss(head, consts, x_NBCD, y_NBC, w_NBC) / (B * T)
 
 
 # %% ../nbs/04_train.ipynb #747c79a7
