@@ -298,7 +298,7 @@ def measured_once(name: str, key: str, measure: Callable[[], float], cache: Path
      "conditions allow (a quiet machine): the larger is kept.")
     cache = cache or cache_file(name)
     asked = {}
-    again_once = lambda: asked.setdefault("again", again())  # asked at most once a call
+    again_once = lambda: asked["again"] if "again" in asked else asked.setdefault("again", again())  # once a call
     if (known := _settled(cache, key, again_once)) is not None:
         return known
     if (lock := _locked(cache)) is None:
