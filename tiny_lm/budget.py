@@ -9,8 +9,10 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # types only: train imports this module, so a runtime import would be a cycle
-    from tiny_lm.train import TrainConfig, TrainLog
+from .train_config import TrainConfig
+
+if TYPE_CHECKING:  # the log's type only: train imports this module, so a runtime import would be a cycle
+    from tiny_lm.train import TrainLog
 
 # %% auto #0
 __all__ = ['FORWARD_SHARE', 'FORWARD_COMPILE_SHARE', 'LANDING', 'BUDGET_AIM', 'SPEED_NOISE', 'RECENT_SHARE', 'EVAL_SHARE',

@@ -6,22 +6,17 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-if TYPE_CHECKING:  # the settings' type only: train imports this module, so a runtime import would be a cycle
-    from tiny_lm.train import TrainConfig
+from .train_config import TrainConfig
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'NOT_DECIDED', 'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule',
-           'decay_from', 'decay_data', 'clock_rates']
+__all__ = ['NOT_DECIDED', 'warmup_for', 'new_schedule', 'legacy_schedule', 'schedule_fn', 'continue_schedule', 'decay_from',
+           'decay_data', 'clock_rates']
 
 # %% ../nbs/04b_schedule.ipynb #3f941133
-SCHEDULES = ("cosine", "wsd")  # TrainConfig.lr_schedule
-
 def warmup_for(cfg: TrainConfig, total_steps: int) -> int:
     "The warm-up of a run of `total_steps`: `warmup_steps`, but at most a tenth of the run (and at least one step)."
     return min(cfg.warmup_steps, max(1, total_steps // 10))

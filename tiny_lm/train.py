@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
@@ -30,112 +30,16 @@ from .cpu import compiler_options, one_all_reduce, release_freed_memory
 from .data import step_batches
 from .errors import TinyLMError, folder_to_write
 from .loss import loss_fn
-from .model import REMAT, ModelConfig, Transformer, mesh_of, on_mesh
-from .schedule import SCHEDULES, clock_rates, decay_data, decay_from, new_schedule, schedule_fn
+from .model import ModelConfig, Transformer, mesh_of, on_mesh
+from .schedule import clock_rates, decay_data, decay_from, new_schedule, schedule_fn
 from .show import LivePlot, in_notebook, plot_losses
 from .sizing import flops_per_token, peak_flops
+from .train_config import BUDGET_STEPS, TrainConfig
 
 # %% auto #0
-__all__ = ['SAVED_BEFORE', 'BUDGET_STEPS', 'OPTIMIZERS', 'DROPOUT_STREAM', 'COMPILE_CACHE', 'TrainConfig', 'decay_mask',
-           'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model', 'set_schedule', 'dropout_key',
-           'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step', 'evaluate', 'TrainLog',
-           'Interrupted', 'stop_signals', 'budget_optimizer', 'fit']
-
-# %% ../nbs/04_train.ipynb #4b51dc63
-SAVED_BEFORE = {"lr_schedule": "cosine"}  # runs saved before a field existed trained with this value of it
-BUDGET_STEPS = 10**9  # the length of a run with a time budget and no other end, until its clock decides it
-
-@dataclass(frozen=True)
-class TrainConfig:
-    "Optimization and loop settings."
-    batch_size: int = 16  # sequences per micro-batch on each device (the global batch is this × devices)
-    gradient_accumulation_steps: int = 1  # micro-batches summed into one optimizer step
-    learning_rate: float = 3e-3  # peak learning rate, reached after warmup
-    min_lr_ratio: float = 0.1  # the cosine decays to learning_rate × min_lr_ratio
-    warmup_steps: int = 50  # linear warmup steps, at most a tenth of the run (`warmup_for`)
-    weight_decay: float = 0.1  # AdamW decoupled decay on projection matrices, not embeddings or norms (`decay_mask`)
-    beta1: float = 0.9  # AdamW first-moment decay
-    beta2: float = 0.95  # AdamW second-moment decay
-    grad_clip: float = 1.0  # clip gradients to this global norm (0 disables)
-    max_steps: int | None = 600  # optimizer steps (None: as many as `epochs` needs)
-    epochs: float | None = None  # passes over the training windows (None: as many as `max_steps` allows)
-    eval_every: int = 100  # evaluate every this many steps (and at the end)
-    eval_batches: int = 10  # validation batches per evaluation
-    log_every: int = 10  # progress-bar update interval, in steps
-    save_every: int = 200  # checkpoint interval, in steps (and at the end)
-    # also checkpoint when this many minutes passed since the last save (0: by steps only)
-    save_every_minutes: float = 10.0
-    keep_checkpoints: int = 2  # checkpoint_step_N folders kept (newest first), besides the best by validation loss
-    seed: int = 0  # seeds parameters and batch order
-    max_skipped_steps: int = 5  # non-finite gradients in a row (updates skipped) that stop the run
-    # optimizer steps per compiled call (one scan): logging, evaluation, saves and signals land on its boundaries
-    steps_per_call: int = 1
-    # what the backward pass recomputes instead of keeping (01_model's REMAT): none, block, or dots (keeps matmuls)
-    remat: str = "none"
-    # adamw; or muon: Muon on the blocks' matrices, AdamW on embeddings, head, norms and adapters (`make_optimizer`)
-    optimizer: str = "adamw"
-    muon_learning_rate: float = 0.02  # Muon's peak rate: its updates are orthogonalized, on a scale of their own
-    # wsd: warm-up, the peak held, then a straight line to the end rate; cosine: warm-up, then a cosine to the end rate
-    lr_schedule: str = "wsd"
-    decay_fraction: float = 0.3  # wsd: the share of the run spent decaying, at its end
-    # seconds of wall time: train until they are spent, the wsd decay started by the clock (`fit`); None: by steps
-    time_budget: float | None = None
-
-    def __post_init__(self):
-        _check_train_config(self)
-
-    def total_steps(self, steps_per_epoch: float) -> int:
-        "Optimizer steps in the run, given how many steps one epoch takes."
-        by_epochs = math.ceil(self.epochs * steps_per_epoch) if self.epochs is not None else None
-        return min((s for s in (self.max_steps, by_epochs) if s is not None), default=BUDGET_STEPS)
-
-    def to_dict(self) -> dict:
-        "Plain JSON types."
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        "Rebuild a saved `to_dict`, ignoring unknown keys; a key it lacks takes what runs saved before it trained with."
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in {**SAVED_BEFORE, **d}.items() if k in names})
-
-# %% ../nbs/04_train.ipynb #4542c8dc
-OPTIMIZERS = ("adamw", "muon")  # TrainConfig.optimizer
-
-def _check_train_config(cfg: TrainConfig) -> None:
-    "Every setting in range, with the flag to change and what it must be."
-    if cfg.max_steps is None and cfg.epochs is None and cfg.time_budget is None:
-        raise TinyLMError("give --max-steps, --epochs or --time-budget: a run needs an end")
-    for name in ("batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every",
-                 "save_every", "max_skipped_steps", "keep_checkpoints", "steps_per_call"):
-        if getattr(cfg, name) < 1:
-            raise TinyLMError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.max_steps is not None and cfg.max_steps < 1 or cfg.epochs is not None and cfg.epochs <= 0:
-        raise TinyLMError(f"--max-steps must be at least 1 and --epochs more than 0 "
-                          f"(got {cfg.max_steps} and {cfg.epochs})")
-    for name in ("warmup_steps", "weight_decay", "grad_clip", "seed"):
-        if getattr(cfg, name) < 0:
-            raise TinyLMError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(cfg, name)}")
-    if cfg.save_every_minutes < 0:
-        raise TinyLMError(f"--save-every-minutes must be ≥ 0 (0: save by steps only), "
-                          f"got {cfg.save_every_minutes}")
-    _check_recipe(cfg)
-
-def _check_recipe(cfg: TrainConfig) -> None:
-    "The choices (remat, optimizer, schedule) and the rates."
-    for flag, value, choices in (("--remat", cfg.remat, REMAT), ("--optimizer", cfg.optimizer, OPTIMIZERS),
-                                 ("--lr-schedule", cfg.lr_schedule, SCHEDULES)):
-        if value not in choices:
-            raise TinyLMError(f"{flag} {value!r} is unknown: choose one of {', '.join(choices)}")
-    if cfg.learning_rate <= 0 or cfg.muon_learning_rate <= 0:
-        raise TinyLMError(f"--learning-rate and --muon-learning-rate must be positive, got {cfg.learning_rate} "
-                          f"and {cfg.muon_learning_rate}")
-    if cfg.time_budget is not None and (not cfg.time_budget > 0 or cfg.lr_schedule != "wsd"):
-        raise TinyLMError(f"--time-budget must be more than 0 with --lr-schedule wsd (the decay starts by the clock), "
-                          f"got {cfg.time_budget} s with {cfg.lr_schedule}")
-    if not 0 < cfg.decay_fraction <= 1:
-        raise TinyLMError(f"--decay-fraction must be in (0, 1], got {cfg.decay_fraction}: the share of the run "
-                          "spent decaying (0.5: the second half)")
+__all__ = ['DROPOUT_STREAM', 'COMPILE_CACHE', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model',
+           'set_schedule', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step',
+           'evaluate', 'TrainLog', 'Interrupted', 'stop_signals', 'budget_optimizer', 'fit']
 
 # %% ../nbs/04_train.ipynb #849dccab
 def decay_mask(params) -> object:
