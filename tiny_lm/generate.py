@@ -291,7 +291,8 @@ def generate_batch(
     graphdef, state = nnx.split(model)
     state, put, rows = _placement(state, B)
     mesh, (state, treedef) = mesh_of(state), jax.tree.flatten(state)
-    weights_step, prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh, known_length())
+    known = known_length()  # the decode loop's length fixed when it compiles (off a CPU)
+    weights_step, prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh, known)
     if use_cache:  # cast and sliced once: every prefill and decode call reads them
         state, layers = weights_step(state)
     mode, key, start, kv_L = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
@@ -301,7 +302,7 @@ def generate_batch(
         if use_cache and kv_L is not None and not jumped:
             # decode: as many tokens as fit in the window, a chunk per call
             k = min(DECODE_CHUNK, end - n, T - (n - start) + 1)
-            k = 1 << (k.bit_length() - 1) if known_length() else k  # a power of two: five programs at most
+            k = 1 << (k.bit_length() - 1) if known else k  # a power of two: five programs at most
             new_BK, kv_L = decode_steps(state, layers, kv_L, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k,
                                         temperature, top_p, **mode)
         else:  # the whole window: the reference step, or a prefill (padded to a power of two: a few compilations)
