@@ -3,6 +3,10 @@ enough to read (C901 complexity, PLR0915 statements; limits in pyproject.toml).
 
     python .ci/lint.py
 
+Two checks of the package's shape as well: every module's notebook comes after the notebooks of the modules it
+imports (a type-only or a late import too), so the course never reads backwards; and no module grows past
+`MAX_LINES`, but for those still to split, which may not grow past their size when the rule came (issue 54).
+
 `__all__` is left out of the length check: nbdev writes it, wrapped at 120 characters after its 10-character prefix
 `__all__ = `, so its first line may be longer. Every other line counts, the notebooks' exported code included.
 """
@@ -13,6 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = "F,E501,C901,PLR0915"
+MAX_LINES = 600
+STILL_TO_SPLIT = {"run.py": 891, "data.py": 858, "profiles.py": 734, "cli.py": 620}  # their lines on 2026-12-07
 
 
 def without_all(text: str) -> str:
@@ -20,8 +26,32 @@ def without_all(text: str) -> str:
     return re.sub(r"^__all__ = \[.*?\]$", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
 
 
+def notebook_of(path: Path) -> str | None:
+    "The notebook that exports `path` (its stem, e.g. '04c_train'), from nbdev's header."
+    m = re.search(r"File to edit: \.\./nbs/(\S+)\.ipynb", path.read_text())
+    return m and m.group(1)
+
+
+def shape_problems(paths: list[Path]) -> list[str]:
+    "Modules imported from a later notebook, and modules longer than they may be."
+    notebooks = {p.stem: notebook_of(p) for p in paths}
+    problems = []
+    for p in paths:
+        text, nb = p.read_text(), notebooks[p.stem]
+        for name in sorted(set(re.findall(r"^\s*from (?:\.|tiny_lm\.)(\w+) import", text, flags=re.M))):
+            if nb and notebooks.get(name) and notebooks[name] > nb:
+                problems.append(f"{p.name} ({nb}) imports {name} from a later notebook, {notebooks[name]}")
+        lines, limit = text.count("\n"), STILL_TO_SPLIT.get(p.name, MAX_LINES)
+        if lines > limit:
+            problems.append(f"{p.name} has {lines} lines, more than {limit}: split it where its concerns are")
+    return problems
+
+
 def main() -> int:
-    status = 0
+    paths = [p for p in sorted((ROOT / "tiny_lm").glob("*.py")) if p.name not in ("_modidx.py", "__init__.py")]
+    problems = shape_problems(paths)
+    print(*problems, sep="\n") if problems else None
+    status = int(bool(problems))
     for path in sorted((ROOT / "tiny_lm").glob("*.py")):
         if path.name == "_modidx.py":  # nbdev's index of names, not code
             continue
@@ -30,7 +60,8 @@ def main() -> int:
                            input=without_all(path.read_text()), text=True, cwd=ROOT)
         status |= r.returncode
     if status == 0:
-        print(f"ok: ruff {RULES} on tiny_lm/ (line length, complexity and statement limits in pyproject.toml)")
+        print(f"ok: ruff {RULES} on tiny_lm/ (line length, complexity and statement limits in pyproject.toml); "
+              f"imports in the notebooks' order; modules of at most {MAX_LINES} lines but {len(STILL_TO_SPLIT)}")
     return status
 
 

@@ -137,9 +137,9 @@ def copy_notebooks(notebooks: list[Path], dest: Path) -> list[Path]:
 
 # Seconds each notebook took on 2 cores (last measured): the longest start first, so that no worker is left alone
 # with a long notebook at the end (longest-processing-time-first scheduling). A notebook not listed counts as 30 s.
-SECONDS = {'04_train': 110, '09_cli': 110, '05_parallel': 85, '01_model': 65, '07_generate': 60, '14_scale_out': 60,
+SECONDS = {'04c_train': 110, '09_cli': 110, '05_parallel': 85, '01_model': 65, '07_generate': 60, '14_scale_out': 60,
            '02_sizing': 55, '13_size_sweep': 50, '06_checkpoint': 45, '08b_bench': 45, '10a_shakespeare': 35,
-           '03b_loss': 25,  # an estimate: the loss's cells of 04_train, moved
+           '03b_loss': 25,  # an estimate: the loss's cells of 04c_train, moved
            '07b_show': 17, '07a_score': 15, '00_errors': 2}  # the last three: estimates (measured under load x 0.45)
 
 

@@ -24,7 +24,7 @@ header() { printf '\n== check %s ==\n' "$1"; }
 # Every program the checks compile is compiled for speed of compiling: LLVM's optimisations off, and XLA:CPU's older
 # element-wise code generators instead of its fusion emitters (MLIR). Most of the checks' CPU time is XLA compiling
 # tiny models: a 2-layer model's training step compiles in 0.55 CPU-s with both, 2.0 s with the first alone and 3.6 s
-# with neither (2026-11-29); 04_train runs in 79 s instead of 106 s. The programs compute the same things (XLA's own
+# with neither (2026-11-29); 04c_train runs in 79 s instead of 106 s. The programs compute the same things (XLA's own
 # rewrites and the library products do not depend on them), their float sums in another order at most (a 30-step run's
 # losses within 1.9e-6 of XLA's default with both flags, as with the first alone, 2026-11-29), but their element-wise
 # loops run slower (decoding ~10x). So what users run compiles with XLA's default, and so do the checks of speed and

@@ -4,8 +4,8 @@ configurations at once: CI's own (8 devices), and another vector ISA (`--xla_cpu
 then each quantity is compared across the two configurations, as another machine would compute it.
 
 Another ISA changes the order of XLA's float32 sums, which is what another machine does: an Intel Xeon with AVX-512
-ran the accumulation check of 04_train (`eps=1e-6` absolute) 2 ulp off the AMD EPYC it was written on. Measured here
-on 04_train's model: losses ≈ 6.26 of two programs or two configurations differ by up to 1.4e-6 (3 ulp; 1 device vs
+ran the accumulation check of 04c_train (`eps=1e-6` absolute) 2 ulp off the AMD EPYC it was written on. Measured here
+on 04c_train's model: losses ≈ 6.26 of two programs or two configurations differ by up to 1.4e-6 (3 ulp; 1 device vs
 8 under CI's flags), so that absolute 1e-6 fails; gradients by 6e-7 of their largest entry, parameters after two Adam
 steps by 3e-5.
 
@@ -93,10 +93,10 @@ def test_float_checks_hold_under_another_isa(tmp_path):
 # ---- the worker: run in a fresh process so that XLA_FLAGS applies ----
 
 def worker_setup():
-    "04_train's model, its configs and 2 batches of 8 windows (random tokens: summation order matters here, not text)."
+    "04c_train's model, its configs and 2 batches of 8 windows (random tokens: summation order matters here, not text)."
     from tiny_lm.model import ModelConfig
     from tiny_lm.train import TrainConfig
-    mcfg = ModelConfig(vocab_size=512, seq_len=64, d_model=64, n_layer=2, n_head=4)  # 04_train's model: as cheap here
+    mcfg = ModelConfig(vocab_size=512, seq_len=64, d_model=64, n_layer=2, n_head=4)  # 04c_train's model: as cheap here
     tokens = np.random.default_rng(0).integers(0, 512, (2, 8, 65)).astype(np.int32)
     return mcfg, TrainConfig(warmup_steps=0), tokens
 

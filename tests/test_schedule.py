@@ -100,7 +100,7 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
     measured (the compiles, evaluations, saves and drawings too), so the landing misses the plan only by how much
     the machine's speed changes over what the plan had left to foresee (F): the decay (3 % of the steps), its
     evaluations, the one save at the end and its write, the last drawing of loss.png and the scoring. The plan ends
-    early enough (04c_budget's `landing_steps`) that F may take r times as long or 1/r as long and still land in
+    early enough (04b_budget's `landing_steps`) that F may take r times as long or 1/r as long and still land in
     [0.95, 1], r = (h + hypot(F, h)) / F for the band's half-width h (0.5 s): F is asserted to be at most 7.5 % of
     the budget (0.70-0.78 s here, 1.08 once in CI), so r is at least 1.39 (a CI run of a 30 s budget, its plan aimed
     at the band's middle, foresaw 0.95 s, which another test slowed 1.85 times: it ended at 1.004). The budget is
@@ -206,7 +206,7 @@ def params(checkpoint) -> list:
 
 def test_a_sized_run_on_little_text_ends_after_sixteen_passes_not_at_its_budget(tmp_path):
     """`--time-budget` alone, the model sized by the plan, on text that the time would pass over far more than 16
-    times: the run ends after 16 passes (the plan's `--epochs`, 04a_profiles' MAX_EPOCHS), long before its budget,
+    times: the run ends after 16 passes (the plan's `--epochs`, 05a_profiles' MAX_EPOCHS), long before its budget,
     decays to the end rate on its own steps (its clock never decides), and says so in the banner and at the end."""
     text = tmp_path / "plays.txt"  # 4 KB of the fixture: 16 passes in 7 steps (15 KB took 34 s at the 5,000 tokens/s
     text.write_text((DATA / "tiny_shakespeare.txt").read_text()[:4_000])  # of the tests' unoptimised XLA)

@@ -2,7 +2,7 @@ __version__ = "0.1.0"
 
 # name -> module: the package's headline API, imported on first use so that `import tiny_lm` does not import JAX
 _EXPORTS = {
-    "Trainer": "run", "RunConfig": "run", "ModelConfig": "model", "TrainConfig": "train", "DataConfig": "data",
+    "Trainer": "run", "RunConfig": "run", "ModelConfig": "model", "TrainConfig": "train_config", "DataConfig": "data",
     "TokenizerConfig": "tokenizer",
     "load_checkpoint": "checkpoint", "generate": "generate", "generate_batch": "generate", "evaluate_text": "score",
     "export_hf": "export", "use_cpu_cores": "parallel",

@@ -587,7 +587,7 @@ COMMANDS = {"train": run_train, "plan": run_plan, "compile": run_compile,  # com
 
 def main(argv: list[str] | None = None) -> int:
     "Run `tiny-lm` with `argv` (default: the process's arguments); returns the exit status."
-    lean_host_memory()  # before JAX starts its threads: malloc gives back what the compiler frees (15_performance)
+    lean_host_memory()  # before JAX starts its threads: malloc gives back what the compiler frees (00c_cpu)
     args = build_parser().parse_args(argv)
     try:
         check_ranges(args, args.command + (f" {args.bench}" if args.command == "bench" else ""))

@@ -242,7 +242,7 @@ def _device_flags(p) -> None:
     m = p.add_argument_group("devices and hosts")
     m.add_argument("--profile", choices=PROFILES, default=None, help="hardware profile of a new run: it picks the "
                    "model preset, per-device batch and accumulation, precision and save interval that suit the "
-                   "device (nbs/04a_profiles): auto detects the device; cpu, t4, l4, a100-40gb, a100-80gb, h100, h200, "
+                   "device (nbs/05a_profiles): auto detects the device; cpu, t4, l4, a100-40gb, a100-80gb, h100, h200, "
                    "tpu-v5e and tpu-v6e name one; none keeps the flags' own defaults. A flag you give overrides its "
                    "pick; a resumed run keeps its settings (default: auto)")
     _mesh_flags(m, "replicate if the memory estimate fits, else the smallest fsdp that fits")

@@ -40,7 +40,7 @@ from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, 
                               use_cpu_cores)
 from .profiles import Plan, check_cpu_speed, device_memory, plan_run
 from .score import evaluate_text
-from .show import in_notebook
+from .plots import in_notebook
 from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config, size_report
 from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
                                load_tokenizer, tokenizer_fingerprint)
@@ -71,7 +71,7 @@ class RunConfig:
     sample_tokens: int = 100  # length of the sample printed at the end (0: none)
     eval_sample_tokens: int | None = None  # a sample this long after each evaluation (None: 32 in a notebook, else 0)
     progress: bool = True  # show the progress bar
-    compile_cache: str | Path | None = "auto"  # compiled programs kept here for the next start (04_train; None: off)
+    compile_cache: str | Path | None = "auto"  # compiled programs kept here for the next start (04c_train; None: off)
     started: float | None = None  # perf_counter when the command began: a time budget counts from it (None: fit)
 
     def __post_init__(self):
@@ -575,7 +575,7 @@ def _saved_schedule(saved: dict, total_steps: int) -> dict:
 
 def _schedule_run(t: Trainer, s: RunState) -> None:
     ("The run's learning rates: a new run's schedule, or a resumed run's continued from its step "
-     "(04_train's `continue_schedule`: the same length resumes exactly, another never jumps); recorded with the run.")
+     "(04c_train's `continue_schedule`: the same length resumes exactly, another never jumps); recorded with the run.")
     if s.resume_from is None:
         s.config["schedule"] = new_schedule(s.train_cfg, s.total_steps)  # what init_model gave the optimizer
         return
@@ -659,7 +659,7 @@ def _budget_left(s: RunState, say=print) -> TrainConfig:
     return replace(s.train_cfg, time_budget=max(1.0, budget - (time.perf_counter() - s.started)))
 
 def _train(t: Trainer, s: RunState):
-    "The loop (04_train's `fit`) from the start step; a stop by signal or error still finishes the copies in flight."
+    "The loop (04c_train's `fit`) from the start step; a stop by signal or error still finishes the copies in flight."
     main, out = is_main_process(), t.output_dir
     if s.train_cfg.time_budget:  # its cost measured, not guessed, where the budget plans the run's end
         s.scoring_compile = _compile_scoring(s)

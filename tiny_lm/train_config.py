@@ -74,7 +74,7 @@ class TrainConfig:
 
 # %% ../nbs/03c_train_config.ipynb #502ebdc3
 OPTIMIZERS = ("adamw", "muon")  # TrainConfig.optimizer
-SCHEDULES = ("cosine", "wsd")  # TrainConfig.lr_schedule: 04b_schedule makes each
+SCHEDULES = ("cosine", "wsd")  # TrainConfig.lr_schedule: 04a_schedule makes each
 
 def _check_train_config(cfg: TrainConfig) -> None:
     "Every setting in range, with the flag to change and what it must be."
