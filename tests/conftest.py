@@ -112,7 +112,7 @@ def reference(shared_runs):
 @pytest.fixture(scope="session")
 def cpu_timed(tmp_path_factory) -> None:
     """This CPU's training speed timed before a test's clock starts. A user's first plan with a time budget times it
-    (about 10 s, 05a_profiles' `cpu_train_flops`) inside that budget, once per machine and count of devices; a test
+    (about 10 s, 05a_cpu_speed's `cpu_train_flops`) inside that budget, once per machine and count of devices; a test
     of a 20 s budget would otherwise measure the timing, not the run. `tiny-lm plan` in a process with ENV's devices
     times it (or finds it timed: one process at a time, the others wait for its figure)."""
     r = subprocess.run(["tiny-lm", "plan", "--time-budget", "1m", "--output-dir", str(tmp_path_factory.mktemp("plan"))],

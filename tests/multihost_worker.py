@@ -20,7 +20,8 @@ def planned_cpu_speed(cache_home: Path) -> float:
 
     import jax
 
-    from tiny_lm.profiles import cpu_speed_key, plan_speed
+    from tiny_lm.cpu_speed import cpu_speed_key
+    from tiny_lm.profiles import plan_speed
     from tiny_lm.sizing import measured_once
 
     os.environ["XDG_CACHE_HOME"] = str(cache_home)
@@ -33,7 +34,7 @@ def prepare(out, text_file, run_dir):
     import jax
 
     from tiny_lm.data import DataConfig, open_source
-    from tiny_lm.run import prepare_data, prepare_tokenizer
+    from tiny_lm.prepare import prepare_data, prepare_tokenizer
     from tiny_lm.tokenizer import TokenizerConfig, tokenizer_fingerprint
     from tiny_lm.train import TrainConfig
 
@@ -62,7 +63,7 @@ if __name__ == "__main__":
     import numpy as np
     from flax import nnx
 
-    from tiny_lm.data import Batches
+    from tiny_lm.batches import Batches
     from tiny_lm.model import ModelConfig
     from tiny_lm.train import TrainConfig, fit, init_model
 

@@ -190,7 +190,7 @@ def test_copy_kill_9_lose_the_machine_resume_from_the_copy(reference, clouds, tm
 def test_a_copy_comes_back_byte_for_byte(clouds, tmp_path, monkeypatch, where):
     """A step's files go to the bucket and come back exact: one ending in CR (gcp-storage-emulator stored it one byte
     short, so a run resumed from that copy fell back to an older step), in LF, an empty one and a nested one."""
-    from tiny_lm.cli import run_config_from_args
+    from tiny_lm.settings import run_config_from_args
     from tiny_lm.copies import Mirror, fetch_run
     from tiny_lm.flags import build_parser
     cloud = clouds(where)
@@ -317,7 +317,7 @@ def test_a_doctored_bucket_record_writes_nothing_outside_the_run_folder(clouds, 
 def test_sas_token_from_the_environment_reaches_azure_and_the_flag_warns(clouds, tmp_path, monkeypatch, capsys):
     """AZURE_STORAGE_SAS_TOKEN is the destination's token (a probe is written to Azurite with it, and it is a secret
     that messages hide); --azure-sas-token still works, with a warning that shows no token."""
-    from tiny_lm.cli import run_config_from_args
+    from tiny_lm.settings import run_config_from_args
     from tiny_lm.copies import check_destination
     from tiny_lm.flags import build_parser
     cloud = clouds("azure")

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from test_cli import JAX_CACHE, xla_flags  # the CLI tests' compilation cache (check.sh's, for the whole run)
-from tiny_lm.data import Batches, DataConfig, StreamingBatches, load_tokens, open_source
+from tiny_lm.data import DataConfig, open_source
+from tiny_lm.batches import Batches, StreamingBatches, load_tokens
 from tiny_lm.errors import TinyLMError
 from tiny_lm.tokenizer import TokenizerConfig, train_tokenizer
 
@@ -243,7 +244,8 @@ def peak_rss_mb():
 def main():
     faulthandler.dump_traceback_later(100, exit=True)  # a hang (e.g. in close) ends the run with its traceback
     t0 = time.perf_counter()
-    from tiny_lm.data import DataConfig, StreamingBatches, open_source
+    from tiny_lm.data import DataConfig, open_source
+    from tiny_lm.batches import StreamingBatches
     from tiny_lm.tokenizer import TokenizerConfig, train_tokenizer
     spec = json.loads(sys.argv[1])
     t_import = time.perf_counter()
@@ -349,7 +351,8 @@ def main():
     import numpy as np
     from jax.experimental import multihost_utils
     from tokenizers import Tokenizer
-    from tiny_lm.data import Batches, DataConfig, StreamingBatches, load_tokens, open_source
+    from tiny_lm.data import DataConfig, open_source
+    from tiny_lm.batches import Batches, StreamingBatches, load_tokens
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid, initialization_timeout=50)
     me, count = jax.process_index(), jax.process_count()
     assert (me, count, jax.local_device_count(), jax.device_count()) == (pid, 2, 4, 8)
@@ -541,7 +544,7 @@ def test_text_file_token_cache_follows_its_tail(tmp_path, tokenizer):
 def test_text_file_tail_streams_and_resumes(tmp_path, tokenizer):
     """One .txt file streams only its head for training, and resumes from a state taken mid-file exactly; the
     validation windows are the tail's, from the cut on."""
-    from tiny_lm.data import first_tokens
+    from tiny_lm.batches import first_tokens
     from tiny_lm.encoding import tokenize_documents
     docs = make_docs(400, seed=6)
     src = open_source(DataConfig(str(write_txt(tmp_path / "play.txt", docs)), val_split="0.1"))

@@ -206,7 +206,7 @@ def params(checkpoint) -> list:
 
 def test_a_sized_run_on_little_text_ends_after_sixteen_passes_not_at_its_budget(tmp_path):
     """`--time-budget` alone, the model sized by the plan, on text that the time would pass over far more than 16
-    times: the run ends after 16 passes (the plan's `--epochs`, 05a_profiles' MAX_EPOCHS), long before its budget,
+    times: the run ends after 16 passes (the plan's `--epochs`, 05c_profiles' MAX_EPOCHS), long before its budget,
     decays to the end rate on its own steps (its clock never decides), and says so in the banner and at the end."""
     text = tmp_path / "plays.txt"  # 4 KB of the fixture: 16 passes in 7 steps (15 KB took 34 s at the 5,000 tokens/s
     text.write_text((DATA / "tiny_shakespeare.txt").read_text()[:4_000])  # of the tests' unoptimised XLA)

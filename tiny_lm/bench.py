@@ -22,13 +22,14 @@ from tokenizers import Tokenizer, models
 
 from .checkpoint import load_checkpoint
 from .cpu import named_kernels
-from .data import BUILTIN_CORPUS, Batches, DataConfig, StreamingBatches, open_source
+from .data import BUILTIN_CORPUS, DataConfig, open_source
+from .batches import Batches, StreamingBatches
 from .encoding import token_dtype, tokenize_documents
 from .errors import TinyLMError
 from .generate import check_sampling, generate_batch
 from .model import ModelConfig, Transformer, count_params, describe_attention
 from .parallel import batch_devices, batch_put, device_info, sharded_init
-from .run import run_mesh
+from .prepare import run_mesh
 from .sizing import preset_config
 from .tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
 from .train import TrainConfig, fit, init_model, make_train_step

@@ -12,7 +12,6 @@ import os
 import sys
 import time
 from dataclasses import replace
-from itertools import islice
 from pathlib import Path
 
 import jax
@@ -20,304 +19,29 @@ import jax
 from .bench import bench_data, bench_generate, bench_train, describe_bench
 from .checkpoint import committed_steps, load_checkpoint, locate_run, run_meta
 from .compile import check_compiler, check_target, compile_run, compile_targets, cpu_only, describe_compiled
-from .copies import cloud_destination, redact
+from .copies import redact
 from .cpu import lean_host_memory
-from .data import DataConfig, TextSource, open_source, source_kind
-from .errors import TinyLMError, folder_to_write, out_of_memory, path_to_read
+from .data import DataConfig, TextSource, open_source
+from .errors import TinyLMError, folder_to_write, out_of_memory
 from .export import export_hf
-from .flags import (DATA_FLAGS, EXPORT_FORMATS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS,
-                           TRAIN_FLAGS, build_parser, check_ranges, given_flags)
+from .flags import EXPORT_FORMATS, build_parser, check_ranges
 from .generate import generate_batch
-from .model import PRECISIONS, ModelConfig, attention_implementation, default_precision
+from .model import ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
-from .profiles import (HARDWARE, Hardware, Length, Plan, bytes_per_token_guess, device_memory, match_hardware, plan_run,
-                              steps_per_call_dividing)
-from .run import (RunConfig, Trainer, check_continued_model, check_run_folder, check_continued_optimizer,
-                         describe_inspection, duration, inspect_run, mesh_devices, recorded_model, resolve_resume,
-                         run_mesh, saved_run, split_cpu, warn_if_too_big)
+from .profiles import HARDWARE, Hardware, Plan, device_memory
+from .prepare import mesh_devices, run_mesh, split_cpu, warn_if_too_big
+from .run import Trainer, describe_inspection, duration, inspect_run, recorded_model
+from .run_folder import check_run_folder, resolve_resume, saved_run
 from .score import evaluate_text
-from .sizing import PRESETS, param_count, preset_config, size_report, target_config
-from .tokenizer import TokenizerConfig, bytes_per_token, load_tokenizer
-from .train import Interrupted, TrainConfig
+from .sizing import param_count, size_report
+from .train import Interrupted
+from .settings import (apply_profile, base_run_of, check_size_flags, check_tokenizer_flags, configs_from_args,
+                              model_from_args, planned_vocab, precision_of, run_config_from_args)
 
 # %% auto #0
-__all__ = ['TOKENIZER_TRAINING', 'COMMANDS', 'model_from_args', 'configs_from_args', 'check_tokenizer_flags',
-           'run_config_from_args', 'planned_length', 'apply_profile', 'run_train', 'plan_report', 'run_plan',
-           'compile_target', 'compiled_run', 'check_compiled_fits', 'run_compile', 'result_checkpoint', 'run_generate',
-           'run_eval', 'run_export', 'run_inspect', 'run_size', 'run_bench', 'main']
-
-# %% ../nbs/09_cli.ipynb #8ac95d4f
-def _precision(args) -> str | None:
-    "The compute dtype the flags ask for, or None for the device's default."
-    precision = getattr(args, "precision", None)
-    if getattr(args, "use_mixed_precision", False):
-        if precision == "fp32":
-            raise TinyLMError("--use-mixed-precision means --precision bf16: leave out one of them")
-        precision = "bf16"
-    return PRECISIONS.get(precision) if precision not in (None, "auto") else None
-
-def _check_size_flags(args) -> None:
-    "The size flags exclude each other; checked before any slow work."
-    shape = given_flags(args, [k for k in SHAPE_FLAGS if k != "num_kv_heads"])
-    if args.target_params is not None and (args.model_preset or shape):
-        raise TinyLMError(f"--target-params decides the shape: leave out {', '.join(shape or ['--model-preset'])}")
-    if args.prefer_depth and args.target_params is None:
-        raise TinyLMError("--prefer-depth applies to --target-params: add --target-params N or leave it out")
-    if args.target_params is not None:  # fail now, not after the tokenizer, when the target cannot be built
-        model_from_args(args, getattr(args, "vocab_size", None) or 4096)
-
-# %% ../nbs/09_cli.ipynb #0c93c0b3
-def _given(args, flags) -> dict:
-    return {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
-
-def _model_overrides(args) -> dict:
-    "The ModelConfig fields the flags set explicitly (dimensions, switches, kernel, precision, LoRA)."
-    over = {MODEL_RENAMES.get(k, k): v for k, v in _given(args, MODEL_FLAGS).items()}
-    flag = lambda name: getattr(args, name, False)  # `tiny-lm size` has no switches
-    switches = dict(use_rmsnorm=not flag("no_rmsnorm"), use_rope=not flag("no_rope"),
-                    tie_embeddings=not flag("untied_head"), qk_norm=flag("qk_norm"), zero_init=flag("zero_init"))
-    over |= {k: v for k, v in switches.items() if v != getattr(ModelConfig, k)}  # only those that change a default
-    if getattr(args, "swiglu", None) is not None:  # named either way: a resumed run's MLP is checked against it
-        over["use_swiglu"] = args.swiglu
-    if over.get("use_swiglu") and "activation" in over:
-        raise TinyLMError(f"--activation {over['activation']} sets the two-matrix MLP's activation and --swiglu "
-                          "replaces that MLP with SwiGLU: give one of them")
-    if flag("no_flash_attention"):
-        over["attention"] = "xla"
-    if dtype := _precision(args):
-        over["dtype"] = dtype
-    if flag("use_lora"):
-        over |= {"lora_rank": 8 if args.lora_rank is None else args.lora_rank, "lora_alpha": args.lora_alpha}
-    return over
-
-def model_from_args(args, vocab_size: int, base: ModelConfig | None = None, **fields) -> ModelConfig:
-    "The model the flags describe: `base` (else the preset or --target-params solution) with the flags' changes."
-    over = _model_overrides(args)
-    if base is None and args.target_params is not None:
-        seq_len = args.seq_len or PRESETS["tiny"]["seq_len"]
-        counted = ("n_kv_head", "tie_embeddings", "qk_norm")  # the switches that change the parameter count
-        switches = {k: v for k, v in over.items() if k.startswith("use_") or k in counted}
-        base = target_config(args.target_params, vocab_size, seq_len, prefer_depth=args.prefer_depth, **switches)
-    base = base or preset_config(args.model_preset or "tiny", vocab_size)
-    derived = {"d_ff": "d_model", "n_kv_head": "n_head"}  # --d-model 256 alone: 8/3 · 256, not the preset's
-    changed = {k for k, v in over.items() if getattr(base, k) != v}
-    reset = {k: None for k, source in derived.items() if source in changed and k not in over}
-    return replace(base, **reset, **{**over, "vocab_size": vocab_size, **fields})  # `fields` win over the flags
-
-# %% ../nbs/09_cli.ipynb #d668d25b
-def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, TokenizerConfig, dict, TrainConfig]:
-    "Data, tokenizer, model-override and training configs from flags, on top of a resumed run's `saved` configs."
-    saved = saved or {}
-    data = DataConfig(**{**saved.get("data", {}), **_given(args, [*DATA_FLAGS, "streaming"])})
-    if args.auto_vocab_size and args.vocab_size is not None:
-        raise TinyLMError("give --vocab-size or --auto-vocab-size, not both")
-    check_tokenizer_flags(args)
-    tok = TokenizerConfig(auto_vocab_size=args.auto_vocab_size,
-                          **{k.replace("tokenizer_", ""): v for k, v in _given(args, TOKENIZER_FLAGS).items()})
-    train = _given(args, TRAIN_FLAGS)
-    if ("epochs" in train or "time_budget" in train) and "max_steps" not in train:
-        train["max_steps"] = None  # --epochs or --time-budget alone: they decide the length
-    if "time_budget" in train:
-        train.setdefault("lr_schedule", "wsd")  # the schedule whose decay the clock can start
-    train = TrainConfig.from_dict({**saved["train"], **train}) if saved else TrainConfig(**train)
-    model = _model_overrides(args)
-    _check_size_flags(args)
-    _check_lora_flags(args, saved)
-    now = ("dropout_rate", "dtype", "attention", "lora_alpha", "activation", "logit_softcap")
-    ModelConfig(**{k: v for k, v in model.items() if k in now})  # checked now, before any slow work
-    if saved:  # precision, dropout and the attention kernel may change on resume; the shapes and optimizer may not
-        _check_resumed_model(args, saved)
-        check_continued_optimizer(saved, train, args.resume_from or args.output_dir)
-    return data, tok, model, train
-
-def _check_resumed_model(args, saved: dict) -> None:
-    "The model the flags describe for a resumed run, checked as the Python API checks it (08a_run), before slow work."
-    whole = args.model_preset or args.target_params  # a whole shape: compared as it is, not laid over the recorded one
-    cfg = model_from_args(args, saved["model"]["vocab_size"], base=None if whole else recorded_model(saved, None))
-    check_continued_model(saved, cfg, args.resume_from or args.output_dir,
-                          "leave those flags out to continue it, or pass another --output-dir (or --overwrite) to "
-                          "start a new run")
-
-def _check_lora_flags(args, saved: dict) -> None:
-    "The LoRA flags go with --use-lora, and --use-lora with a base run."
-    lora_only = given_flags(args, ("lora_rank", "lora_alpha", "merge_lora"))
-    if lora_only and not args.use_lora:
-        several = len(lora_only) > 1
-        raise TinyLMError(f"{', '.join(lora_only)} {'apply' if several else 'applies'} to LoRA fine-tuning: add "
-                          f"--use-lora (with --init-from RUN_DIR) or leave {'them' if several else 'it'} out")
-    if args.use_lora and not args.init_from and not saved.get("init_from"):
-        raise TinyLMError("--use-lora fine-tunes a trained model: add --init-from RUN_DIR (the --output-dir of a "
-                          "finished run)")
-    if args.init_from and saved:
-        raise TinyLMError("--init-from starts a new run from another run's weights and --resume-from continues a run: "
-                          "give only one of them")
-
-TOKENIZER_TRAINING = ["vocab_size", "auto_vocab_size", "min_vocab_size", "max_vocab_size", "tokenizer_train_examples",
-                      "retrain_tokenizer"]  # what trains a tokenizer: moot where one is given
-
-def check_tokenizer_flags(args) -> None:
-    "A given tokenizer file (--tokenizer-path) decides the vocabulary: the flags that would train one are refused."
-    moot = given_flags(args, [k for k in TOKENIZER_TRAINING if hasattr(args, k)])
-    if getattr(args, "tokenizer_path", None) and moot:
-        them = "them" if len(moot) > 1 else "it"
-        raise TinyLMError(f"--tokenizer-path {args.tokenizer_path} gives the tokenizer, so {', '.join(moot)} would "
-                          f"do nothing: leave {them} out, or leave out --tokenizer-path to train a tokenizer")
-
-# %% ../nbs/09_cli.ipynb #0d73f0d9
-_FIXED_BY_BASE = ["model_preset", "target_params", "prefer_depth", *SHAPE_FLAGS, "seq_len", "activation", "no_rmsnorm",
-                  "swiglu", "no_rope", "vocab_size", "min_vocab_size", "max_vocab_size", "auto_vocab_size",
-                  "tokenizer_path", "retrain_tokenizer", "qk_norm", "zero_init", "untied_head", "logit_softcap"]
-
-def _init_from(args) -> tuple[Path, int, dict] | None:
-    "The run `--init-from` names, as `(run folder, step, meta)`, once the flags that go with it are checked."
-    if args.init_from is None:
-        return None
-    path = path_to_read(args.init_from, "--init-from", "folder", "pass the --output-dir of a trained run")
-    if not committed_steps(path):
-        raise TinyLMError(f"--init-from {path} is not a training run (it holds no checkpoint): pass the --output-dir "
-                          "of a trained run")
-    root, step, meta = run_meta(path)
-    fixed = given_flags(args, _FIXED_BY_BASE)
-    if fixed:
-        raise TinyLMError(f"--init-from reuses the architecture and tokenizer of {root}: leave out {', '.join(fixed)}")
-    if Path(args.output_dir).resolve() == root.resolve():
-        raise TinyLMError(f"--output-dir {args.output_dir} is the run --init-from reads: write the fine-tuned run to "
-                          "another --output-dir")
-    base = ModelConfig.from_dict(meta["config"]["model"])
-    if base.lora_rank:
-        raise TinyLMError(f"--init-from {root} is a LoRA run: start from its merged model ({root / 'merged'}, written "
-                          "by --merge-lora)")
-    lora = {k: v for k, v in _model_overrides(args).items() if k.startswith("lora")}
-    replace(base, **lora)  # a rank wider than the model fails here, before any slow work
-    return root, step, meta
-
-def _cloud_from_args(args):
-    "The bucket `--cloud-provider` and its flags name (checked, no network yet), or None."
-    given = given_flags(args, ("cloud_bucket", "cloud_prefix", "cloud_region", "azure_account_name", "azure_sas_token"))
-    if args.cloud_provider is None:
-        if given:
-            raise TinyLMError(f"{given[0]} needs --cloud-provider s3|gcs|azure")
-        return None
-    if args.cloud_bucket is None:
-        raise TinyLMError("--cloud-provider needs --cloud-bucket B, the bucket (Azure: the container) to copy the "
-                          "run to")
-    prefix = Path(args.output_dir).expanduser().absolute().name if args.cloud_prefix is None else args.cloud_prefix
-    cloud = cloud_destination(args.cloud_provider, args.cloud_bucket, prefix, args.cloud_region,
-                              args.azure_account_name, args.azure_sas_token)
-    if args.azure_sas_token is not None:  # it still works: a warning, not an error
-        print("warning: --azure-sas-token leaves the token in the shell's history, in `ps` and in saved notebook "
-              "cells: set AZURE_STORAGE_SAS_TOKEN instead and leave the flag out", file=sys.stderr)
-    return cloud
-
-def run_config_from_args(args) -> RunConfig:
-    "The run's own settings from the flags: output, resuming, copies (checked, no network yet), mesh and printing."
-    cloud = _cloud_from_args(args)
-    if args.compile_cache is not None and args.no_compile_cache:
-        raise TinyLMError("give --compile-cache DIR or --no-compile-cache, not both")
-    compile_cache = None if args.no_compile_cache else args.compile_cache or "auto"
-    return RunConfig(args.output_dir, args.resume_from, args.init_from, args.overwrite, args.tokenizer_path,
-                     args.retrain_tokenizer, args.merge_lora, args.mesh, args.backup_dir, cloud, args.sample_prompt,
-                     args.sample_tokens, args.eval_sample_tokens, not args.no_progress, compile_cache)
-
-# %% ../nbs/09_cli.ipynb #e93cf368
-_PLANNED = ("model_preset", "precision", "batch_size", "gradient_accumulation_steps", "learning_rate",  # each given
-            "save_every_minutes", "steps_per_call", "remat", "optimizer", "use_mixed_precision",  # wins over
-            "dropout_rate")  # the plan
-_SIZED = {"d_model": "d_model", "num_layers": "n_layer", "num_heads": "n_head", "d_ff": "d_ff", "seq_len": "seq_len"}
-
-def _planned_vocab(args, init) -> int:
-    "The vocabulary size the run will have, as far as it is known before the tokenizer (for the memory estimate)."
-    if init is not None:
-        return init[2]["config"]["model"]["vocab_size"]
-    if args.tokenizer_path:  # a wrong file fails here, in one line
-        return load_tokenizer(args.tokenizer_path).get_vocab_size()
-    if args.auto_vocab_size:
-        return args.max_vocab_size or TokenizerConfig().max_vocab_size  # the largest it may choose
-    return args.vocab_size or TokenizerConfig().vocab_size
-
-def planned_length(args, vocab_size: int) -> Length:
-    ("The run's length as the flags give it and the size of its training text (None for a hub stream, which is not "
-     "opened here), in tokens of a given tokenizer (measured on its first documents) or of one of `vocab_size`.")
-    data = DataConfig(**_given(args, [*DATA_FLAGS, "streaming"]))
-    source = None if source_kind(data.dataset_id) == "hub" else open_source(data)
-    measured = source is not None and bool(args.tokenizer_path)
-    per_token = (bytes_per_token(load_tokenizer(args.tokenizer_path), islice(source.documents("train"), 200))
-                 if measured else bytes_per_token_guess(vocab_size))
-    return Length(args.time_budget, args.max_steps, args.epochs, source and source.size_bytes, per_token, measured,
-                  args.seq_len, args.batch_size, args.gradient_accumulation_steps)
-
-def _sizes_the_model(args, init) -> bool:
-    "Whether the plan sizes the model: a new model with no size or shape flag given."
-    shape = ("model_preset", "target_params", *SHAPE_FLAGS)
-    return init is None and not given_flags(args, shape)
-
-def _apply_sized(args, plan: Plan) -> None:
-    "The flags of the model the plan sized: a preset's name, or its shape between presets."
-    args.model_preset = plan.model_preset or "tiny"
-    if plan.model is not None:
-        for flag, field in _SIZED.items():
-            if getattr(args, flag) is None:
-                setattr(args, flag, plan.model[field])
-
-# %% ../nbs/09_cli.ipynb #9c979b7f
-def apply_profile(args, saved: dict, init) -> Plan | None:
-    ("Fill the flags a new run left unset with its hardware profile's picks: the model sized for the run's length and "
-     "data (unless given), its batch, rate and the rest; the plan, or None (`none`, a resumed run).")
-    if saved:
-        if args.profile not in (None, "auto"):
-            print(f"note: --profile {args.profile} plans new runs; this resumed run keeps the settings it started with")
-        return None
-    if args.profile == "none":
-        return None
-    vocab, sizing = _planned_vocab(args, init), _sizes_the_model(args, init)
-    length = planned_length(args, vocab)
-    devices = getattr(args, "devices", None)  # a named profile's slice (plan, compile); None: one, or this machine's
-    plan = plan_run(args.profile or "auto", vocab, num_devices=devices, length=length if sizing else Length())
-    given = tuple(given_flags(args, _PLANNED))
-    if sizing:
-        _apply_sized(args, plan)
-    elif init is None and args.model_preset is None and args.target_params is None:
-        args.model_preset = plan.model_preset  # the device's preset, under the shape flags given
-    if args.precision is None and not args.use_mixed_precision:
-        args.precision = plan.precision_flag
-    model = model_from_args(args, vocab, base=recorded_model({}, init))  # the model the run builds: its batch and rate
-    fitted = plan_run(args.profile or "auto", vocab, model=model, num_devices=devices, length=length)  # (CPU: defaults)
-    if args.dropout_rate is None:  # the repeats' dropout: a model sized, given or fine-tuned repeats its data alike
-        args.dropout_rate = (plan if sizing else fitted).dropout_rate or None
-    _fill_unset(args, fitted if not sizing else replace(fitted, learning_rate=plan.learning_rate))
-    kind = jax.devices()[0].device_kind
-    here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
-    if not plan.detected and plan.profile != here and args.command != "compile" and not getattr(args, "compile", 0):
-        print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
-    if sizing:
-        if plan.epochs_limit and args.epochs is None:  # the text cannot feed the whole time: its passes end the run
-            args.epochs = plan.epochs_limit
-        keep = ("model_preset", "model", "learning_rate", "dropout_rate", "epochs_limit",
-                *(("reasons", "tokens", "steps", "epochs") if length.given else ()))  # else: the default run, as built
-        return _given_dropout(replace(fitted, **{k: getattr(plan, k) for k in keep}, overridden=given), args)
-    shaped = init is not None or args.target_params is not None or bool(given_flags(args, SHAPE_FLAGS))
-    return _given_dropout(replace(fitted, model_preset=None if shaped else args.model_preset,  # the model, named
-                                  model=model.to_dict() if shaped else None, overridden=given), args)
-
-def _given_dropout(plan: Plan, args) -> Plan:
-    ("`plan`, its reasons ending with the dropout the run trains with where `--dropout-rate` gave another than the "
-     "plan's (the banner's line shows the plan's picks, and names the flags that won over them)")
-    if "--dropout-rate" not in plan.overridden or args.dropout_rate == plan.dropout_rate:
-        return plan
-    why = f"dropout {args.dropout_rate:g}: given (--dropout-rate), where the plan's is {plan.dropout_rate:g}"
-    return replace(plan, reasons=(*plan.reasons, why))
-
-def _fill_unset(args, fitted: Plan) -> None:
-    "The batch, rate, save interval, remat, optimizer and steps per call of `fitted`, where the flags left them unset."
-    if args.batch_size is None:
-        args.batch_size = fitted.batch_size
-        args.gradient_accumulation_steps = args.gradient_accumulation_steps or fitted.gradient_accumulation_steps
-    for name in ("learning_rate", "save_every_minutes", "remat", "optimizer"):  # the rest of the plan, unless given
-        if getattr(args, name) is None:
-            setattr(args, name, getattr(fitted, name))
-    if args.steps_per_call is None:  # fewer, if need be, so that each interval given keeps its steps
-        intervals = [args.log_every, args.eval_every, args.save_every, args.max_steps]
-        args.steps_per_call = steps_per_call_dividing(fitted.steps_per_call, intervals)
+__all__ = ['COMMANDS', 'run_train', 'plan_report', 'run_plan', 'compile_target', 'compiled_run', 'check_compiled_fits',
+           'run_compile', 'result_checkpoint', 'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size',
+           'run_bench', 'main']
 
 # %% ../nbs/09_cli.ipynb #022656a3
 def run_train(args) -> dict:
@@ -330,14 +54,14 @@ def run_train(args) -> dict:
     args.init_from = run.init_from  # None when the same fine-tune runs again: it continues from its own checkpoints
     saved, resume_root = saved_run(run.resume_from, run.cloud)
     configs_from_args(args, saved)  # checked before the profile fills in the rest
-    init = _init_from(args)
+    init = base_run_of(args)
     plan = apply_profile(args, saved, init)
     data_cfg, tok_cfg, _, train_cfg = configs_from_args(args, saved)
     if args.mesh is not None:
         parse_mesh(args.mesh, mesh_devices(train_cfg.batch_size))  # a wrong mesh fails now, not after the tokenizer
     asked = args.vocab_size is not None or args.auto_vocab_size  # a reused tokenizer is checked against an asked size
     def model_config(vocab_size: int) -> ModelConfig:  # the tokenizer decides the vocabulary
-        new_run = {} if saved or _precision(args) else {"dtype": default_precision()}  # the device's precision
+        new_run = {} if saved or precision_of(args) else {"dtype": default_precision()}  # the device's precision
         return model_from_args(args, vocab_size, base=recorded_model(saved, init), **new_run)
     trainer = Trainer(model_config, train_cfg, data_cfg, tokenizer_config=tok_cfg if asked else None,
                       run=replace(run, resume_from=resume_root, started=started), profile=plan)
@@ -369,10 +93,10 @@ def run_plan(args) -> dict:
     run_config_from_args(args)  # the copy and compile-cache flags checked as train checks them
     check_run_folder(args.output_dir)  # and the folder it would write
     configs_from_args(args, {})
-    init = _init_from(args)
+    init = base_run_of(args)
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():  # notes: not the JSON
         plan = apply_profile(args, {}, init)
-    model = model_from_args(args, _planned_vocab(args, init), base=recorded_model({}, init))
+    model = model_from_args(args, planned_vocab(args, init), base=recorded_model({}, init))
     report = plan_report(plan, model, args)
     if committed_steps(args.output_dir) and not args.overwrite:
         print(f"note: {args.output_dir} holds a run: tiny-lm train with these flags would continue it with its own "
@@ -432,10 +156,10 @@ def run_compile(args) -> dict:
     run_config_from_args(args)  # the flags of the run it compiles, checked as train checks them
     check_run_folder(args.output_dir)
     configs_from_args(args, {})
-    init = _init_from(args)
+    init = base_run_of(args)
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
         apply_profile(args, {}, init)
-    model = model_from_args(args, _planned_vocab(args, init), base=recorded_model({}, init))
+    model = model_from_args(args, planned_vocab(args, init), base=recorded_model({}, init))
     check_compiler(hw)  # before the slow part, the compiling
     report = compiled_run(args, model, hw, generate=not args.no_generate)
     print(json.dumps(report, indent=2) if args.json else describe_compiled(report))
@@ -530,8 +254,8 @@ def run_inspect(args) -> dict:
 
 def run_size(args) -> dict:
     "Print (and return) the size report of the model the flags describe."
-    _check_size_flags(args)
-    cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
+    check_size_flags(args)
+    cfg = model_from_args(args, args.vocab_size, dtype=precision_of(args) or default_precision())
     report = size_report(cfg, args.batch_size, device_memory(), kernel=attention_implementation(cfg))
     if args.measure:
         report["measured_tokens_per_sec"] = bench_train(cfg, args.batch_size, steps=5, memory=False)["tokens_per_sec"]
@@ -566,8 +290,8 @@ def run_bench(args) -> dict:
         if args.trace is not None:
             folder_to_write(args.trace, "--trace")  # before anything is compiled
         split_cpu(args.cpu_devices)
-        _check_size_flags(args)
-        cfg = model_from_args(args, args.vocab_size, dtype=_precision(args) or default_precision())
+        check_size_flags(args)
+        cfg = model_from_args(args, args.vocab_size, dtype=precision_of(args) or default_precision())
         result = bench_train(cfg, args.batch_size, args.gradient_accumulation_steps, args.steps, args.steps_per_call,
                              args.mesh, trace=args.trace, remat=args.remat, optimizer=args.optimizer)
     else:

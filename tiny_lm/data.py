@@ -5,10 +5,8 @@
 # %% ../nbs/03_data.ipynb #31da92f5
 from __future__ import annotations
 
-import contextlib
 import csv
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -16,29 +14,22 @@ import socket
 import struct
 import sys
 import sysconfig
-import time
 import urllib.parse
 import zlib
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
 
-from .encoding import encode_chunks, token_dtype, tokenize_documents
 from .errors import TinyLMError
-from .tokenizer import EOT, tokenizer_fingerprint
+from .tokenizer import EOT
 
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'CHUNK_CHARS',
            'default_workers', 'DataConfig', 'builtin_corpus_files', 'lesson_text', 'file_format', 'source_kind',
-           'Shard', 'HoldOut', 'hold_out_rule', 'hold_out_tail', 'TextSource', 'open_source', 'token_cache_path',
-           'load_tokens', 'first_tokens', 'unigram_loss', 'Batches', 'StreamingBatches', 'eval_windows', 'Prefetcher',
-           'step_batches']
+           'Shard', 'HoldOut', 'hold_out_rule', 'hold_out_tail', 'TextSource', 'open_source']
 
 # %% ../nbs/03_data.ipynb #224138b2
 BUILTIN_CORPUS = "builtin:python-stdlib"  # the default dataset: ships with Python, needs no network
@@ -635,224 +626,3 @@ def open_source(cfg: DataConfig) -> TextSource:
                           f"{type(first[cfg.text_column]).__name__}, not text; its columns are {', '.join(first)}: "
                           "pass --text-column with a text column")
     return TextSource(cfg, splits, separator, fingerprint, size)
-
-# %% ../nbs/03_data.ipynb #e8379918
-_CACHE_FIELDS = ("dataset_id", "dataset_config", "text_column", "split", "val_split", "max_train_examples",
-                 "max_val_examples")
-
-def token_cache_path(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
-    "The file in `cache_dir` holding a split's tokens: its name carries the source's and the tokenizer's fingerprint."
-    spec = dict({k: getattr(source.cfg, k) for k in _CACHE_FIELDS}, which=which, source=source.fingerprint,
-                tokenizer=tokenizer_fingerprint(tokenizer))
-    rule = source.hold_out
-    if rule is not None and (rule.rows is not None or rule.tail is not None):  # a small source's own split
-        spec["hold_out"] = [rule.rows, rule.tail]
-    if rule is not None and rule.from_row is not None:  # one text file's tail: not the hash's split of earlier versions
-        spec["hold_out_from_row"] = rule.from_row
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return Path(cache_dir) / f"tokens-{which}-{key}.{np.dtype(token_dtype(tokenizer.get_vocab_size())).name}.bin"
-
-def load_tokens(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
-                num_workers: int = 0) -> np.ndarray:
-    ("One epoch of the 'train' or 'val' split: memory-mapped from `cache_dir` (built there first if needed), "
-     "or in memory.")
-    chunks = source.chunks(which, epochs=1, docs_per_chunk=256)
-    encoded = encode_chunks(chunks, tokenizer, source.separator, num_workers)
-    if cache_dir is None:
-        return np.concatenate([tokens for tokens, _ in encoded])
-    path = token_cache_path(source, which, tokenizer, cache_dir)
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
-            for tokens, _ in encoded:
-                f.write(tokens.tobytes())
-        tmp.replace(path)
-    return np.memmap(path, dtype=token_dtype(tokenizer.get_vocab_size()), mode="r")
-
-# %% ../nbs/03_data.ipynb #26670055
-def first_tokens(source: TextSource, which: str, tokenizer: Tokenizer, n_tokens: int) -> np.ndarray:
-    "The first `n_tokens` tokens of a split (all of it if it is shorter), reading no further than needed."
-    parts, have = [], 0
-    for texts, _ in source.chunks(which, epochs=1, docs_per_chunk=16):
-        parts.append(tokenize_documents(texts, tokenizer, source.separator))
-        have += len(parts[-1])
-        if have >= n_tokens:
-            break
-    return np.concatenate(parts)[:n_tokens]
-
-# %% ../nbs/03_data.ipynb #78a5adb1
-def unigram_loss(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int) -> float:
-    "Cross-entropy (nats per token) of `val_tokens` under the add-one-smoothed unigram distribution of `train_tokens`."
-    counts_V = np.bincount(train_tokens, minlength=vocab_size).astype(np.float64) + 1
-    return float(-np.log(counts_V / counts_V.sum())[val_tokens].mean())
-
-# %% ../nbs/03_data.ipynb #44d9bf57
-class Batches:
-    "This process's part of global batch `i` of seeded, shuffled `[B, seq_len + 1]` windows, as a pure function of `i`."
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0, stride: int | None = None,
-                 process_index: int = 0, process_count: int = 1):
-        self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
-        self.stride, self.process_index, self.process_count = stride or seq_len, process_index, process_count
-        self.n_windows = max(0, (len(tokens) - seq_len - 1) // self.stride + 1)
-        if self.n_windows < 1:
-            raise TinyLMError(f"only {len(tokens)} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}: "
-                              "use more data or a smaller --seq-len")
-
-    @property
-    def steps_per_epoch(self) -> float:
-        "Global batches in one pass over every window."
-        return self.n_windows / (self.batch_size * self.process_count)
-
-    @lru_cache(maxsize=2)
-    def _order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
-
-    def window_starts(self, step: int) -> np.ndarray:
-        "Token offsets of this process's windows in batch `step`."
-        first = (step * self.process_count + self.process_index) * self.batch_size
-        epoch, at = np.divmod(np.arange(first, first + self.batch_size), self.n_windows)  # global window draws
-        return np.concatenate([self._order(int(e))[at[epoch == e]] for e in np.unique(epoch)]) * self.stride
-
-    def __getitem__(self, step: int) -> np.ndarray:
-        return self.tokens[self.window_starts(step)[:, None] + np.arange(self.seq_len + 1)].astype(np.int32)
-
-# %% ../nbs/03_data.ipynb #4201733f
-class _Packer:
-    "The packer of `StreamingBatches`: chunks of documents in, windows of `seq_len + 1` tokens out."
-    def _windows(self) -> Iterator[np.ndarray]:
-        "Packed windows; `_position` and `_rest` always describe the stream just after the last one."
-        chunks = self.source.chunks("train", self._position, process_index=self.spec["process_index"],
-                                    process_count=self.spec["process_count"])
-        for tokens, position in encode_chunks(chunks, self.tokenizer, self.source.separator, self.num_workers):
-            rest, start = np.concatenate([self._rest, tokens]), 0
-            self._position, self.tokens_read = position, self.tokens_read + len(tokens)
-            while start + self.window <= len(rest):
-                self._rest = rest[start + self.stride:]
-                yield rest[start:start + self.window].copy()
-                start += self.stride
-            self._rest = rest[start:]
-
-# %% ../nbs/03_data.ipynb #799f0b55
-class _ShuffleBuffer:
-    "The shuffle buffer of `StreamingBatches`: each batch row is a random draw from `buffer_size` windows."
-    def _batches(self) -> Iterator[np.ndarray]:
-        windows = self._windows()
-        while True:
-            batch_BT = np.empty((self.batch_size, self.window), np.int32)
-            while len(self._buffer) < self.buffer_size:
-                self._buffer.append(next(windows))
-            # the rows' slots drawn at once: a draw per row cost 1-2 us, the packer's largest part (33 ns a token -> 16)
-            for j, slot in enumerate(self._rng.integers(self.buffer_size, size=self.batch_size).tolist()):
-                batch_BT[j], self._buffer[slot] = self._buffer[slot], next(windows)
-            self.batches_done += 1
-            yield batch_BT
-
-# %% ../nbs/03_data.ipynb #a5d73465
-class _StreamState:
-    "Saving and restoring the state of `StreamingBatches` after any batch."
-    def snapshot(self) -> Callable[[], dict]:
-        "A cheap, frozen view of the state after the last batch; call it to get `state()`."
-        position, rest, buffer = dict(self._position), self._rest, list(self._buffer)
-        rng, done, spec, dtype = (self._rng.bit_generator.state, self.batches_done, dict(self.spec),
-                                  token_dtype(self.tokenizer.get_vocab_size()))
-        return lambda: {"kind": "stream", "spec": spec, "position": position, "rng": rng, "batches": done,
-                        "rest": np.asarray(rest, dtype),
-                        "buffer": np.asarray(buffer, dtype).reshape(len(buffer), self.window)}
-
-    def state(self) -> dict:
-        "Everything needed to continue after the last batch: JSON-ready values and two arrays."
-        return self.snapshot()()
-
-    def load_state(self, state: dict) -> None:
-        "Continue from a `state()` (checked against this stream's settings)."
-        if state.get("kind") != "stream":
-            raise TinyLMError("the checkpoint holds no streaming data state (it was a cached run): "
-                              "resume with --no-streaming")
-        changed = {k: (v, self.spec[k]) for k, v in state["spec"].items() if self.spec.get(k) != v}
-        if changed:
-            raise TinyLMError("cannot resume the data stream with other settings ("
-                              + ", ".join(f"{k}: saved {a}, now {b}" for k, (a, b) in changed.items())
-                              + "): use the saved values, or start a new run")
-        self._position, self.batches_done = dict(state["position"]), int(state["batches"])
-        self._rest, self._buffer = np.asarray(state["rest"]), list(np.asarray(state["buffer"]))
-        self._rng.bit_generator.state = state["rng"]
-
-# %% ../nbs/03_data.ipynb #df42229e
-class StreamingBatches(_Packer, _ShuffleBuffer, _StreamState):
-    ("Shuffled `[B, seq_len + 1]` batches packed from a document stream; "
-     "`state()` after any batch resumes exactly there.")
-    def __init__(self, source: TextSource, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
-                 stride: int | None = None, buffer_size: int = 1000, num_workers: int | None = None,
-                 process_index: int = 0, process_count: int = 1, state: dict | None = None):
-        self.source, self.tokenizer = source, tokenizer
-        self.num_workers = default_workers() if num_workers is None else num_workers
-        self.spec = dict(seq_len=seq_len, stride=stride or seq_len, batch_size=batch_size, buffer_size=buffer_size,
-                         seed=seed, process_index=process_index, process_count=process_count)
-        self.batch_size, self.window, self.stride, self.buffer_size = (
-            batch_size, seq_len + 1, stride or seq_len, buffer_size)
-        self._position, self._rest, self._buffer, self.batches_done = dict(START), np.zeros(0, np.uint32), [], 0
-        self.tokens_read = 0  # tokens the packer has received from the encoder, this session (`tiny-lm bench data`)
-        self._rng = np.random.Generator(np.random.PCG64([seed, process_index]))
-        self._iter = None
-        if state is not None:
-            self.load_state(state)
-
-    def __iter__(self): return self
-
-    def __next__(self) -> np.ndarray:
-        self._iter = self._iter or self._batches()  # started at the first batch, after any `load_state`
-        return next(self._iter)
-
-    def close(self) -> None:
-        "Stop the encoder threads (a stream still being read on another thread stops with its generator)."
-        if self._iter is not None:
-            with contextlib.suppress(ValueError):  # ValueError: that other thread is inside it now
-                self._iter.close()
-
-# %% ../nbs/03_data.ipynb #c11491d1
-def eval_windows(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int) -> list[np.ndarray]:
-    "Up to `max_batches` batches of consecutive, non-overlapping validation windows (the last may be short)."
-    n = min(max_batches * batch_size, (len(tokens) - 1) // seq_len)
-    if n < 1:
-        raise TinyLMError(f"the validation split has only {len(tokens)} tokens, "
-                          f"fewer than one window of {seq_len + 1}: use a larger --val-split or a smaller --seq-len")
-    windows = tokens[np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)].astype(np.int32)
-    return [windows[i:i + batch_size] for i in range(0, n, batch_size)]
-
-# %% ../nbs/03_data.ipynb #27ee811f
-class Prefetcher:
-    ("Call `produce()` on a background thread, keeping up to `depth` results ready; "
-     "`waited` is the seconds `next` blocked.")
-    def __init__(self, produce: Callable[[], object], depth: int = 4):
-        self._produce, self.waited = produce, 0.0
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiny-lm-data")  # one thread: calls in order
-        self._ready = deque(self._pool.submit(produce) for _ in range(depth))
-
-    def __iter__(self): return self
-
-    def __next__(self):
-        started, ready = time.perf_counter(), self._ready.popleft()
-        self._ready.append(self._pool.submit(self._produce))
-        try:
-            return ready.result()  # what `produce()` raised is raised here, at its batch
-        finally:
-            self.waited += time.perf_counter() - started
-
-    def close(self) -> None:
-        "Stop the thread: drop the results not begun, and wait up to 10 s for the one it is making."
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        wait([f for f in self._ready if not f.cancelled()], timeout=10)  # a cancelled job never counts as done
-
-# %% ../nbs/03_data.ipynb #d2f3c2c2
-def step_batches(batches, start_step: int = 0, accum_steps: int = 1, depth: int = 4) -> Prefetcher:
-    "(batch, data state or None) for every optimizer step from `start_step`, made on a background thread."
-    if isinstance(batches, StreamingBatches):
-        if batches.batches_done != start_step * accum_steps:
-            raise TinyLMError(f"the data stream is at micro-batch {batches.batches_done} "
-                              f"but training resumes at step {start_step}: "
-                              "restore the stream state saved with that step")
-        return Prefetcher(
-            lambda: (np.concatenate([next(batches) for _ in range(accum_steps)]), batches.snapshot()), depth)
-    micro = iter(range(start_step * accum_steps, 2**62))  # the micro-batches from `start_step` on
-    return Prefetcher(lambda: (np.concatenate([batches[next(micro)] for _ in range(accum_steps)]), None), depth)

@@ -15,7 +15,8 @@ from dataclasses import fields
 from .data import BUILTIN_CORPUS, DataConfig
 from .model import PRECISIONS, ModelConfig
 from .parallel import usable_cores
-from .profiles import BASE_LEARNING_RATE, BASE_WIDTH, CPU_STEPS_PER_CALL, PROFILES, SAVE_MINUTES, STEPS_PER_CALL
+from .cpu_speed import CPU_STEPS_PER_CALL
+from .profiles import BASE_LEARNING_RATE, BASE_WIDTH, PROFILES, SAVE_MINUTES, STEPS_PER_CALL
 from .tokenizer import TokenizerConfig
 from .train import TrainConfig
 from .sizing import PRESET_LABELS, PRESETS
@@ -242,7 +243,7 @@ def _device_flags(p) -> None:
     m = p.add_argument_group("devices and hosts")
     m.add_argument("--profile", choices=PROFILES, default=None, help="hardware profile of a new run: it picks the "
                    "model preset, per-device batch and accumulation, precision and save interval that suit the "
-                   "device (nbs/05a_profiles): auto detects the device; cpu, t4, l4, a100-40gb, a100-80gb, h100, h200, "
+                   "device (nbs/05c_profiles): auto detects the device; cpu, t4, l4, a100-40gb, a100-80gb, h100, h200, "
                    "tpu-v5e and tpu-v6e name one; none keeps the flags' own defaults. A flag you give overrides its "
                    "pick; a resumed run keeps its settings (default: auto)")
     _mesh_flags(m, "replicate if the memory estimate fits, else the smallest fsdp that fits")

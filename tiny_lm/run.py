@@ -7,315 +7,45 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
-from typing import NamedTuple
 
 import jax
 import numpy as np
 from flax import nnx
 from tokenizers import Tokenizer
 
-from .checkpoint import (ARCHITECTURE_FIX, STEP_PREFIX, Checkpointer, base_fingerprint, base_reference,
-                                best_step, check_architecture, checkpoint_folders, clear_old_checkpoints,
-                                committed_steps, find_base, load_run, publish, restore, restore_weights, run_meta,
-                                set_aside)
-from .copies import Destination, Mirror, check_destination, destination, fetch_run, is_url, run_id_of
-from .data import (Batches, DataConfig, StreamingBatches, TextSource, eval_windows, first_tokens, load_tokens,
-                          open_source, token_cache_path, unigram_loss)
-from .errors import TinyLMError, folder_to_write, path_to_read
+from .checkpoint import (STEP_PREFIX, Checkpointer, base_fingerprint, base_reference, best_step,
+                                checkpoint_folders, clear_old_checkpoints, find_base, load_run, publish, restore,
+                                restore_weights, run_meta, set_aside)
+from .copies import Mirror, check_destination
+from .cpu_speed import check_cpu_speed
+from .data import DataConfig, TextSource, open_source
+from .batches import StreamingBatches
+from .errors import TinyLMError
 from .generate import generate
-from .model import (ModelConfig, attention_implementation, count_params, default_precision, describe_attention,
-                           merge_lora)
-from .parallel import (batch_devices, batch_put, choose_mesh, cpu_mesh_devices, cpu_split, describe_mesh,
-                              check_processes_agree, device_banner, device_info, global_put, is_main_process, make_mesh,
-                              on_main_process, parse_mesh, path_name, sharded_init, sharded_memory_bytes, split_batch,
-                              use_cpu_cores)
-from .profiles import Plan, check_cpu_speed, device_memory, plan_run
-from .score import evaluate_text
+from .model import ModelConfig, count_params, default_precision, describe_attention, merge_lora
+from .parallel import (batch_devices, batch_put, cpu_split, describe_mesh, device_banner, device_info,
+                              global_put, is_main_process, path_name, sharded_init, split_batch)
 from .plots import in_notebook
-from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config, size_report
-from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, get_tokenizer,
-                               load_tokenizer, tokenizer_fingerprint)
+from .prepare import PreparedData, prepare_data, prepare_tokenizer, run_mesh, warn_if_too_big
+from .profiles import Plan, plan_run
+from .run_folder import RunConfig, continued_configs, resolve_resume, saved_run
 from .schedule import continue_schedule, legacy_schedule, new_schedule
+from .score import evaluate_text
+from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config
+from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, load_tokenizer,
+                               tokenizer_fingerprint)
 from .train import BUDGET_STEPS, TrainConfig, fit, init_model, set_schedule, use_compile_cache
 
 # %% auto #0
-__all__ = ['RUN_FILES', 'SAMPLE_TOKENS', 'SCORING_EVALS', 'RunConfig', 'check_run_folder', 'resolve_resume', 'saved_run',
-           'check_continued_model', 'check_continued_optimizer', 'continued_configs', 'shared_tokens', 'PreparedData',
-           'prepare_data', 'prepare_tokenizer', 'mesh_devices', 'run_mesh', 'split_cpu', 'warn_if_too_big',
-           'recorded_model', 'duration', 'RunState', 'Trainer', 'steps_said', 'inspect_run', 'describe_inspection']
-
-# %% ../nbs/08a_run.ipynb #e65ad816
-@dataclass(frozen=True)
-class RunConfig:
-    "Where a run writes, what it continues or starts from, where it is copied, its mesh and what it prints."
-    output_dir: str | Path = "output"  # tokenizer, configs, checkpoints, metrics and summary
-    resume_from: str | Path | None = None  # a run folder or bucket URL to continue (None: output_dir's own run, if any)
-    init_from: str | Path | None = None  # a run whose weights start this one (fine-tuning)
-    overwrite: bool = False  # an output_dir that holds a run: start afresh (True) or continue it (False)
-    tokenizer_path: str | Path | None = None  # use this tokenizer.json instead of training one
-    retrain_tokenizer: bool = False  # train a new tokenizer even where output_dir has one
-    merge_lora: bool = False  # a LoRA run also writes output_dir/merged
-    mesh: str | dict | None = None  # "data=N,fsdp=M" or {"data": N, "fsdp": M} (None: from the memory estimate)
-    backup_dir: str | Path | None = None  # also keep a copy of the run in this folder (a mounted Google Drive, say)
-    cloud: Destination | None = None  # also copy the run to this bucket (`cloud_destination`)
-    sample_prompt: str | None = ""  # prompt of the samples printed (None: no samples)
-    sample_tokens: int = 100  # length of the sample printed at the end (0: none)
-    eval_sample_tokens: int | None = None  # a sample this long after each evaluation (None: 32 in a notebook, else 0)
-    progress: bool = True  # show the progress bar
-    compile_cache: str | Path | None = "auto"  # compiled programs kept here for the next start (04c_train; None: off)
-    started: float | None = None  # perf_counter when the command began: a time budget counts from it (None: fit)
-
-    def __post_init__(self):
-        for flag, n in [("--sample-tokens", self.sample_tokens), ("--eval-sample-tokens", self.eval_sample_tokens)]:
-            if n is not None and n < 0:
-                raise TinyLMError(f"{flag} must be 0 or more, got {n}")
-        _check_backup_dir(self.backup_dir, self.output_dir)
-        if self.compile_cache not in (None, "auto"):  # a folder the user named: checked now, not when JAX starts
-            folder_to_write(self.compile_cache, "--compile-cache")
-
-    @property
-    def copies(self) -> list[Destination]:
-        "Where the run is copied as each checkpoint completes: the backup folder, then the bucket."
-        backup = _check_backup_dir(self.backup_dir, self.output_dir)
-        return [d for d in (backup and destination(backup), self.cloud) if d is not None]
-
-def _check_backup_dir(backup: str | Path | None, output_dir: str | Path) -> Path | None:
-    "The backup folder as an absolute path, refused where it is, holds, or lies inside the output folder."
-    if backup is None:
-        return None
-    backup, out = folder_to_write(backup, "--backup-dir"), Path(output_dir).expanduser().absolute()
-    if backup == out or out in backup.parents or backup in out.parents:
-        raise TinyLMError(f"--backup-dir {backup} and --output-dir {out} overlap: "
-                          "put the backup in a folder of its own, outside the run's")
-    return backup
-
-# %% ../nbs/08a_run.ipynb #7dab8036
-RUN_FILES = {"tokenizer.json", "model_config.json", "metrics.jsonl", "training_summary.json", "loss.png", "cache",
-             "best_checkpoint", "final_checkpoint", "merged"}  # what a run folder holds, besides its step folders
-
-def check_run_folder(output_dir: str | Path) -> Path:
-    ("`output_dir` as a folder a run may write: new, empty, or holding a run (its files, or a tokenizer.json to "
-     "reuse); a file, an unwritable place or a folder of other files is refused before anything is written.")
-    out = folder_to_write(output_dir, "--output-dir")
-    found = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
-    if found and not any(name in RUN_FILES or name.startswith(STEP_PREFIX) for name in found):
-        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        raise TinyLMError(f"--output-dir {out} holds files that are not a run ({shown}): pass a new or empty folder, "
-                          "or the folder of an earlier run")
-    return Path(output_dir)
-
-def resolve_resume(run: RunConfig, say=print) -> RunConfig:
-    "`run` with the decision made: an output folder that holds a run continues it, unless `overwrite` starts afresh."
-    out = check_run_folder(run.output_dir)
-    if run.overwrite and run.resume_from is not None:
-        raise TinyLMError("--overwrite starts a new run and --resume-from continues one: give only one of them")
-    steps = committed_steps(out)
-    if run.resume_from is not None and is_url(run.resume_from) and steps:  # the same command again, after a crash
-        return _local_or_copy(run, steps, say)
-    if run.resume_from is not None or run.overwrite or not steps:
-        return run
-    if run.init_from is not None:
-        if Path(run.init_from).resolve() == out.resolve():
-            return run  # the --init-from checks explain this one
-        base = (run_meta(out)[2]["config"].get("init_from") or {}).get("path")
-        if base is None or Path(base).resolve() != run_meta(Path(run.init_from))[0].resolve():
-            raise TinyLMError(f"{out} holds another run (newest checkpoint: step {steps[-1]}): "
-                              "pass --overwrite to replace it with this fine-tune, or choose another --output-dir")
-        run = replace(run, init_from=None)  # the same fine-tune again: continue it from its own checkpoints
-    say(f"note: {out} holds a run (newest checkpoint: step {steps[-1]}): continuing it; --overwrite starts a new run "
-        "there instead")
-    return replace(run, resume_from=str(out))
-
-# %% ../nbs/08a_run.ipynb #24e3c429
-def _local_or_copy(run: RunConfig, steps: list[int], say=print) -> RunConfig:
-    "Resuming from a bucket into a folder that holds the same run: the newer of the two."
-    out, bucket = Path(run.output_dir), destination(run.resume_from, like=run.cloud)
-    copy_id, copy_steps = run_id_of(bucket)
-    if copy_id != run_meta(out)[2]["config"].get("run_id"):
-        raise TinyLMError(f"{out} holds another run than the copy {bucket.url}: "
-                          f"resume the copy into another --output-dir, or delete {out}")
-    if copy_steps and copy_steps[-1] > steps[-1]:
-        return run  # the copy is newer: fetch it
-    say(f"note: {out} holds this run at step {steps[-1]}, as new as its copy in {bucket.url} "
-        f"(step {copy_steps[-1] if copy_steps else 'none'}): continuing the local one")
-    return replace(run, resume_from=str(out))
-
-def saved_run(resume_from: str | Path | None, cloud: Destination | None = None, say=print) -> tuple[dict, Path | None]:
-    "The configuration recorded in the newest readable step of `resume_from` (empty for a new run), and its folder."
-    if resume_from is None:
-        return {}, None
-    if is_url(resume_from):
-        root = fetch_run(destination(resume_from, like=cloud), say=say)
-    else:
-        root = path_to_read(resume_from, "--resume-from", "folder", "pass the --output-dir of an earlier run")
-    if not committed_steps(root):
-        raise TinyLMError(f"--resume-from {root} holds no checkpoint: train first, or leave --resume-from out")
-    return run_meta(root)[2]["config"], root  # a damaged run says so itself
-
-# %% ../nbs/08a_run.ipynb #9cfb90b7
-def check_continued_model(saved: dict, model_config: ModelConfig | Callable | None, where,
-                          fix: str = ARCHITECTURE_FIX) -> None:
-    "One error naming each field where the model given differs from the architecture the run `where` recorded."
-    if model_config is None or not saved:
-        return  # the recorded model is built
-    cfg = model_config(saved["model"]["vocab_size"]) if callable(model_config) else model_config
-    check_architecture(saved["model"], cfg, where, fix, ignore=("vocab_size",))  # the tokenizer decides vocab_size
-
-def check_continued_optimizer(saved: dict, train_config: TrainConfig, where) -> None:
-    "One error when a run recorded with one optimizer would continue with the other: their states do not convert."
-    was = saved.get("train", {}).get("optimizer", "adamw") if saved else train_config.optimizer
-    if was != train_config.optimizer:
-        raise TinyLMError(f"{where} was trained with --optimizer {was}, not {train_config.optimizer}: leave "
-                          "--optimizer out to continue it, or pass another --output-dir (or --overwrite) to start a "
-                          "new run")
-
-def continued_configs(saved: dict, model_config: ModelConfig | Callable | None, train_config: TrainConfig | None,
-                      data_config: DataConfig | None, where=None) -> tuple:
-    "`(model, train, data)` configs a run starts or continues with: those given, else the recorded ones (or defaults)."
-    check_continued_model(saved, model_config, where)
-    train = train_config or (TrainConfig.from_dict(saved["train"]) if saved else TrainConfig())
-    check_continued_optimizer(saved, train, where)
-    return model_config, train, data_config or (DataConfig(**saved["data"]) if saved else DataConfig())
-
-# %% ../nbs/08a_run.ipynb #9425daa2
-SAMPLE_TOKENS = 500_000  # streaming: the prefix of the training split that gives the unigram baseline
-
-def _private_tokens(source: TextSource, tokenizer: Tokenizer, workers: int) -> np.ndarray:
-    "The training split's tokens built by this process in a temporary folder, removed before they are used."
-    with tempfile.TemporaryDirectory(prefix="tiny_lm_cache_", ignore_cleanup_errors=True) as folder:
-        tokens = load_tokens(source, "train", tokenizer, folder, workers)
-        return tokens if os.name == "posix" else np.array(tokens)  # a mapped file outlives its name on POSIX only
-
-def shared_tokens(source: TextSource, tokenizer: Tokenizer, cache: Path, workers: int) -> tuple[np.ndarray, str]:
-    "The training split's tokens, cached by process 0 in `cache` (mapped by others that see it), and where they are."
-    def build() -> dict:
-        tokens = load_tokens(source, "train", tokenizer, cache, workers)
-        return {"name": Path(tokens.filename).name, "bytes": tokens.nbytes}
-    made = on_main_process(build)
-    mine = token_cache_path(source, "train", tokenizer, cache)  # its name: the data's and the tokenizer's fingerprint
-    if mine.name == made["name"] and mine.is_file() and mine.stat().st_size == made["bytes"]:
-        tokens, where = load_tokens(source, "train", tokenizer, cache, workers), str(cache)
-    else:  # this host does not see process 0's folder (or reads other data): its own copy, gone with the process
-        tokens, where = _private_tokens(source, tokenizer, workers), "memory mapped from a removed temporary file"
-    check_processes_agree(str(len(tokens)), "count of training tokens",
-                          "give every host the same data (same files, same --dataset-id and settings)")
-    return tokens, where
-
-class PreparedData(NamedTuple):
-    "The batches a run trains on and what it knows about them."
-    batches: Batches | StreamingBatches  # this process's rows of every global batch
-    val_batches: list[np.ndarray]  # whole validation batches, the same on every process
-    baseline: float  # unigram validation loss, the loss to beat
-    per_epoch: float | None  # micro-batches per pass over the training split (None: unknown, a hub stream)
-    description: str  # one line for the log
-
-def prepare_data(source: TextSource, tokenizer: Tokenizer, data_cfg: DataConfig, seq_len: int, train_cfg: TrainConfig,
-                 out: Path, bpt: float) -> PreparedData:
-    "Validation windows, then cached batches (the split tokenized once into `out/cache`) or a stream."
-    B = train_cfg.batch_size * batch_devices() // jax.process_count()  # this process's rows of each global batch
-    process = dict(process_index=jax.process_index(), process_count=jax.process_count())
-    global_B = B * process["process_count"]  # validation batches are whole on every process
-    val_tokens = first_tokens(source, "val", tokenizer, train_cfg.eval_batches * global_B * seq_len + 1)
-    val_batches = eval_windows(val_tokens, seq_len, global_B, train_cfg.eval_batches)
-    val_targets, vocab = np.concatenate(val_batches)[:, 1:].ravel(), tokenizer.get_vocab_size()
-    streaming = source.streams_by_default if data_cfg.streaming is None else data_cfg.streaming
-    if not streaming:
-        tokens, where = shared_tokens(source, tokenizer, out / "cache", data_cfg.workers)
-        batches = Batches(tokens, seq_len, B, train_cfg.seed, data_cfg.stride, **process)
-        return PreparedData(batches, val_batches, unigram_loss(tokens, val_targets, vocab), batches.steps_per_epoch,
-                            f"cached: {len(tokens):,} train tokens in {where}; {source.val_description}")
-    sample = first_tokens(source, "train", tokenizer, SAMPLE_TOKENS)
-    if len(sample) < seq_len + 1:
-        raise TinyLMError(f"the training split has only {len(sample)} tokens, fewer than one window of --seq-len + 1 = "
-                          f"{seq_len + 1}: use more data or a smaller --seq-len")
-    batches = StreamingBatches(source, tokenizer, seq_len, B, train_cfg.seed, data_cfg.stride,
-                               data_cfg.shuffle_buffer_size, data_cfg.workers, **process)
-    per_epoch = source.size_bytes / bpt / (data_cfg.stride or seq_len) / global_B if source.size_bytes else None
-    n = data_cfg.workers
-    encoding = f"{n} encoder thread{'s' * (n != 1)}" if n else "encoded on the reading thread"
-    return PreparedData(batches, val_batches, unigram_loss(sample, val_targets, vocab), per_epoch,
-                        f"streaming: {encoding}, shuffle buffer "
-                        f"{data_cfg.shuffle_buffer_size}, baseline from the first {len(sample):,} tokens; "
-                        f"{source.val_description}")
-
-# %% ../nbs/08a_run.ipynb #8930ab1b
-def prepare_tokenizer(source: TextSource, tok_cfg: TokenizerConfig, out: Path, given: Path | None, retrain: bool,
-                      expect_vocab_size: int | None, say=print) -> tuple[Tokenizer, str]:
-    "Process 0 copies `given` to out/tokenizer.json, or reuses or trains the one there; every process gets it, and how."
-    made, target = {}, out / "tokenizer.json"
-    def make() -> dict:
-        if given is not None:
-            tokenizer, how = load_tokenizer(given), f"using tokenizer {given}"
-            if given.resolve() != target.resolve():
-                shutil.copyfile(given, target)
-        else:
-            tokenizer, trained = get_tokenizer(target, lambda: source.documents("train"), tok_cfg, retrain=retrain,
-                                               expect_vocab_size=expect_vocab_size, on_choice=say)
-            how = f"{'trained' if trained else 'reusing'} tokenizer {target} ({tokenizer.get_vocab_size()} tokens)"
-        made["tokenizer"] = tokenizer
-        return {"json": tokenizer.to_str(), "how": how}
-    reply = on_main_process(make)
-    tokenizer = made["tokenizer"] if made else Tokenizer.from_str(reply["json"])
-    fingerprint = tokenizer_fingerprint(tokenizer)
-    check_processes_agree(fingerprint, "tokenizer", "install the same tokenizers version on every host")
-    return tokenizer, reply["how"] if made else f"tokenizer {fingerprint} received from process 0"
-
-# %% ../nbs/08a_run.ipynb #064a75aa
-def mesh_devices(per_device_batch: int) -> int:
-    "How many devices the run's mesh covers: every one, or on a split CPU as many cores as share the batch evenly."
-    return cpu_mesh_devices(per_device_batch * batch_devices()) if cpu_split() else jax.device_count()
-
-def run_mesh(spec: str | dict | None, model_cfg: ModelConfig, per_device_batch: int) -> jax.sharding.Mesh:
-    "`spec` (`--mesh`), else on a split CPU data-parallel over `mesh_devices`, else `choose_mesh`'s pick."
-    n = mesh_devices(per_device_batch)
-    if isinstance(spec, dict):
-        spec = ",".join(f"{k}={v}" for k, v in spec.items())
-    if spec is not None:
-        sizes = parse_mesh(spec, n)
-    else:  # a CPU's cores share one memory: nothing to gain from sharding over them
-        sizes = {"data": n, "fsdp": 1} if cpu_split() else choose_mesh(model_cfg, per_device_batch, n, device_memory(),
-                                                                       kernel=attention_implementation(model_cfg))
-    return make_mesh(sizes["data"], sizes["fsdp"])
-
-def split_cpu(cpu_devices: int | None, distributed: bool = False) -> None:
-    "Before JAX starts: a CPU run's devices are its cores (`--cpu-devices`, default one per usable core; 05_parallel)."
-    if cpu_devices is not None and cpu_devices < 1:
-        raise TinyLMError(f"--cpu-devices must be at least 1, got {cpu_devices}: "
-                          "1 trains on the CPU as a single device")
-    if cpu_devices is None and distributed:
-        return  # many processes: each keeps the devices JAX finds
-    try:
-        use_cpu_cores(cpu_devices)
-    except TinyLMError:
-        if cpu_devices is not None:
-            raise TinyLMError(f"--cpu-devices {cpu_devices}: JAX has already started in this process, so its devices "
-                              "are fixed; run tiny-lm in a fresh process") from None
-        return  # tiny-lm called from Python after JAX started: keep its devices
-    if cpu_devices is not None and jax.default_backend() != "cpu":
-        print(f"note: --cpu-devices applies to CPU runs; this one runs on {jax.device_count()} × "
-              f"{jax.devices()[0].device_kind}")
-
-def warn_if_too_big(model_cfg: ModelConfig, per_device_batch: int, fsdp: int = 1, say=print) -> None:
-    "Say so before the first step when the training-memory estimate exceeds the device, with a batch that fits."
-    kernel = attention_implementation(model_cfg)  # a flash kernel stores no attention scores
-    report = size_report(model_cfg, per_device_batch, device_memory(), kernel=kernel)
-    have = report["device_memory_bytes"]
-    need = sharded_memory_bytes(model_cfg, per_device_batch, fsdp, kernel, have)
-    if need <= 0.9 * have:
-        return
-    fitting = report["fitting_batch"]
-    fix = (f"try --batch-size {fitting[0]} --gradient-accumulation-steps {fitting[1]} (per device)" if fitting
-           else "choose a smaller model or --seq-len")
-    say(f"warning: training needs about {need / 2**30:.1f} GiB per device but it has {have / 2**30:.1f} GiB: {fix}")
+__all__ = ['SCORING_EVALS', 'recorded_model', 'duration', 'RunState', 'Trainer', 'steps_said', 'inspect_run',
+           'describe_inspection']
 
 # %% ../nbs/08a_run.ipynb #f87da997
 def _load_base(model: nnx.Module, init: tuple | None, saved: dict, say=print,
@@ -559,8 +289,7 @@ def _already_done(t: Trainer, s: RunState) -> dict:
     "A resumed run that has trained all its steps: say so and return its summary."
     t.say(f"the run is complete (step {s.start} of {s.total_steps}): raise --max-steps or --epochs to train further, "
           "or pass --overwrite to start afresh")
-    if isinstance(s.data.batches, StreamingBatches):
-        s.data.batches.close()
+    s.data.batches.close()
     done = t.output_dir / "training_summary.json"
     return json.loads(done.read_text()) if done.exists() else {"total_steps": s.start}
 
@@ -675,8 +404,7 @@ def _train(t: Trainer, s: RunState):
             return run
         finally:
             s.ckpt.wait()
-            if isinstance(s.data.batches, StreamingBatches):
-                s.data.batches.close()
+            s.data.batches.close()  # a stream's reading threads; nothing for cached batches
     except BaseException:  # stopped (a signal, an error): finish the copy of the last saved step, for at most 20 s
         _close_copies(s.ckpt.copies, t.say, timeout=20)
         raise

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from .budget import (EVAL_SHARE, crossed, decay_steps_left, eval_batches_for, planned_seconds,
                             replanned_decay, run_costs)
 from .cpu import compiler_options, one_all_reduce, release_freed_memory
-from .data import step_batches
+from .batches import step_batches
 from .errors import TinyLMError, folder_to_write
 from .loss import loss_fn
 from .model import ModelConfig, Transformer, mesh_of, on_mesh
