@@ -41,7 +41,7 @@ from .score import evaluate_text
 from .sizing import TOKENS_PER_PARAM, param_count, peak_flops, preset_config
 from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, load_tokenizer,
                                tokenizer_fingerprint)
-from .train import BUDGET_STEPS, TrainConfig, fit, init_model, set_schedule, use_compile_cache
+from .train import BUDGET_STEPS, Reporting, RunEnd, TrainConfig, fit, init_model, set_schedule, use_compile_cache
 
 # %% auto #0
 __all__ = ['SCORING_EVALS', 'recorded_model', 'duration', 'RunState', 'Trainer', 'steps_said', 'inspect_run',
@@ -394,12 +394,12 @@ def _train(t: Trainer, s: RunState):
         s.scoring_compile = _compile_scoring(s)
     try:
         try:
-            run = fit(s.model, s.optimizer, s.data.batches, _budget_left(s, t.say), s.total_steps,
-                      val_batches=s.data.val_batches, start_step=s.start, put=batch_put(s.mesh),
-                      val_put=global_put(s.mesh), checkpoint=s.ckpt, progress=t.run.progress and main, log=t.say,
-                      output_dir=out if main else None, peak=peak_flops(s.model_cfg.dtype),
-                      on_eval=_eval_sampler(t, s.tokenizer), schedule=s.config["schedule"], after_evals=SCORING_EVALS,
-                      last_step=s.last_step)
+            report = Reporting(log=t.say, output_dir=out if main else None, peak=peak_flops(s.model_cfg.dtype),
+                               on_eval=_eval_sampler(t, s.tokenizer))
+            end = RunEnd(s.config["schedule"], after_evals=SCORING_EVALS, last_step=s.last_step)
+            run = fit(s.model, s.optimizer, s.data.batches, _budget_left(s, t.say), s.total_steps, report=report,
+                      val_batches=s.data.val_batches, start_step=s.start, put=batch_put(s.mesh), end=end,
+                      val_put=global_put(s.mesh), checkpoint=s.ckpt, progress=t.run.progress and main)
             s.total_steps = s.config["schedule"]["total_steps"]  # a time budget's clock may have decided it
             return run
         finally:

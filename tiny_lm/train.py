@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
@@ -38,7 +39,7 @@ from .train_log import TrainLog
 # %% auto #0
 __all__ = ['DROPOUT_STREAM', 'COMPILE_CACHE', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model',
            'set_schedule', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step',
-           'evaluate', 'Interrupted', 'stop_signals', 'budget_optimizer', 'fit']
+           'evaluate', 'Interrupted', 'stop_signals', 'budget_optimizer', 'Reporting', 'RunEnd', 'fit']
 
 # %% ../nbs/04c_train.ipynb #849dccab
 def decay_mask(params) -> object:
@@ -296,15 +297,32 @@ def _on_any_process(*values: int) -> list[int]:
     return [int(v) for v in np.max(multihost_utils.process_allgather(np.array(values, np.int32)), axis=0)]
 
 # %% ../nbs/04c_train.ipynb #66b84632
-def _reporting(model: Transformer, start_step: int, peak: float | None, output_dir: Path | str | None,
-               total_steps: int, progress: bool, live_plot: bool | None):
+@dataclass
+class _Loop:
+    "What one `fit` shares between its calls: the settings, the objects trained, its log and where it reports."
+    cfg: TrainConfig
+    model: Transformer
+    optimizer: nnx.Optimizer
+    run: TrainLog
+    metrics_path: Path | None  # None: no metrics.jsonl, no loss.png
+    bar: tqdm
+    live: LivePlot | None
+    say: Callable  # a line for the person watching
+    report: Reporting
+    checkpoint: Callable | None
+    eval_step: Callable
+    val_batches: Sequence[np.ndarray]
+    val_put: Callable
+    after_evals: float
+
+def _reporting(model: Transformer, start_step: int, total_steps: int, progress: bool, report: Reporting):
     "An empty `TrainLog`, and where the loop reports: metrics.jsonl (None: nowhere), the progress bar, the live plot."
     run = TrainLog(tokens_per_step=0, start_step=start_step, flops_per_token=flops_per_token(model.cfg),
-                   peak_flops=peak if peak is not None else peak_flops(model.cfg.dtype))
-    metrics_path = Path(output_dir) / "metrics.jsonl" if output_dir is not None else None
+                   peak_flops=report.peak if report.peak is not None else peak_flops(model.cfg.dtype))
+    metrics_path = Path(report.output_dir) / "metrics.jsonl" if report.output_dir is not None else None
     bar = tqdm(total=None if total_steps == BUDGET_STEPS else total_steps, initial=start_step, desc="train",
                unit="step", disable=not progress, dynamic_ncols=True)
-    live = LivePlot() if (progress and in_notebook() if live_plot is None else live_plot) else None
+    live = LivePlot() if (progress and in_notebook() if report.live_plot is None else report.live_plot) else None
     return run, metrics_path, bar, live
 
 def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable, state, seq_len: int, steps: int,
@@ -324,13 +342,13 @@ def _fetch_and_train(run: TrainLog, loader, put: Callable, train_step: Callable,
     run.steps += steps
     return state, metrics, data_states[-1]
 
-def _log_step(run: TrainLog, cfg: TrainConfig, before: int, done: int, total_steps: int, metrics: dict,
-              schedule: Callable, bar, live: LivePlot | None, metrics_path: Path | None) -> None:
+def _log_step(loop: _Loop, before: int, done: int, total_steps: int, metrics: dict, schedule: Callable) -> None:
     "Advance the progress bar; at a log step (and the last), record the metrics and redraw the live plot."
-    if crossed(before, done, cfg.log_every) or done == total_steps:
-        _record(run, done, metrics, float(schedule(done - 1)), bar, cfg.max_skipped_steps, metrics_path)
-        run.paused += live.update(run) if live else 0.0  # drawing is not training time
-    bar.update(done - before)
+    run = loop.run
+    if crossed(before, done, loop.cfg.log_every) or done == total_steps:
+        _record(run, done, metrics, float(schedule(done - 1)), loop.bar, loop.cfg.max_skipped_steps, loop.metrics_path)
+        run.paused += loop.live.update(run) if loop.live else 0.0  # drawing is not training time
+    loop.bar.update(done - before)
 
 # %% ../nbs/04c_train.ipynb #2a768c97
 def _due(cfg: TrainConfig, before: int, done: int, total_steps: int, val_batches, checkpoint: Callable | None,
@@ -363,33 +381,33 @@ def _paused(run: TrainLog, times: list[float]):
 # drawing, at each of its 36 evaluations
 PLOT_SECONDS = 30.0
 
-def _evaluate(run: TrainLog, done: int, metrics: dict, val_loss: float, metrics_path: Path | None, say: Callable,
-              live: LivePlot | None, on_eval: Callable | None, model: Transformer, optimizer: nnx.Optimizer, state):
-    "Record an evaluation (in `run`, metrics.jsonl, loss.png, a printed line, the live plot), then call `on_eval`."
+def _evaluate(loop: _Loop, done: int, metrics: dict, val_loss: float, state) -> None:
+    "Record an evaluation (in the log, metrics.jsonl, loss.png, a printed line, the live plot), then call `on_eval`."
+    run, metrics_path, on_eval = loop.run, loop.metrics_path, loop.report.on_eval
     run.evals.append(dict(step=done, val_loss=val_loss))
     _write_jsonl(metrics_path, run.evals[-1])
     if metrics_path is not None and time.perf_counter() - run.plotted >= PLOT_SECONDS:
         _draw(run, metrics_path)
-    say(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {val_loss:.4f}")
+    loop.say(f"step {done:>6}  train loss {float(metrics['loss']):.4f}  val loss {val_loss:.4f}")
     release_freed_memory()  # what the evaluation (its compiling, the first time) and the last save freed goes back
-    if live:
-        live.update(run, force=True)
+    if loop.live:
+        loop.live.update(run, force=True)
     if on_eval:
-        nnx.update((model, optimizer), state)
-        on_eval(done, model)
+        nnx.update((loop.model, loop.optimizer), state)
+        on_eval(done, loop.model)
 
-def _save(checkpoint: Callable, done: int, model: Transformer, optimizer: nnx.Optimizer, state, data_state,
-          run: TrainLog, budget: float | None = None) -> None:
-    ("Write the state back into the objects and checkpoint them with the latest metrics (with a time `budget`, the "
+def _save(loop: _Loop, done: int, state, data_state) -> None:
+    ("Write the state back into the objects and checkpoint them with the latest metrics (with a time budget, the "
      "seconds left of it: a resumed run goes on with them, and the first save's write is timed); `run.last_save` is "
      "its time.")
-    nnx.update((model, optimizer), state)
+    run, checkpoint, budget = loop.run, loop.checkpoint, loop.cfg.time_budget
+    nnx.update((loop.model, loop.optimizer), state)
     data = {} if data_state is None else {"data": data_state()}
     last_eval = run.evals[-1] if run.evals else {}
     metrics = dict(last_eval, train_loss=run.history[-1]["loss"] if run.history else None)
     if budget:
         metrics["budget_left"] = budget - (time.perf_counter() - run.started)
-    checkpoint(done, model, optimizer, metrics, **data)
+    checkpoint(done, loop.model, loop.optimizer, metrics, **data)
     if budget and run.save_write is None and hasattr(checkpoint, "wait"):  # 06_checkpoint's, which writes in the
         written = time.perf_counter()  # background: a time budget's run waits for its first write, to know its cost
         checkpoint.wait()
@@ -468,32 +486,66 @@ def _tokens_of(batches: Sequence[np.ndarray]) -> int:
     "The tokens an evaluation of `batches` of `seq_len + 1` windows predicts."
     return sum(b.shape[0] * (b.shape[1] - 1) for b in batches)
 
-def _choose_val_batches(run: TrainLog, cfg: TrainConfig, eval_step, state, val_batches: Sequence[np.ndarray],
-                        put: Callable, say: Callable, after_evals: float) -> None:
+def _choose_val_batches(loop: _Loop, state) -> None:
     "Time a validation batch (once compiled), keep as many as `eval_batches_for` allows, and say so if not all."
+    run, cfg, eval_step, val_batches, put = loop.run, loop.cfg, loop.eval_step, loop.val_batches, loop.val_put
     evaluate(eval_step, state, val_batches[:1], put)  # compiles the evaluation
     timed = time.perf_counter()
     evaluate(eval_step, state, val_batches[:1], put)
     run.eval_batch_seconds = time.perf_counter() - timed
-    n = eval_batches_for(run, cfg, run.eval_batch_seconds, len(val_batches), after_evals)
+    n = eval_batches_for(run, cfg, run.eval_batch_seconds, len(val_batches), loop.after_evals)
     n = -_on_any_process(-n)[0]  # the fewest any process allows: every process scores the same batches
     run.val_batches, run.eval_tokens, all_tokens = n, _tokens_of(val_batches[:n]), _tokens_of(val_batches)
     if n < len(val_batches):
-        say(f"validation: {run.eval_tokens:,} tokens of {all_tokens:,} ({n} of {len(val_batches)} batches), so that "
-            f"the evaluations' forward passes fit {EVAL_SHARE:.0%} of the time budget "
-            f"({EVAL_SHARE * cfg.time_budget:.1f} s of {cfg.time_budget:.0f} s)")
+        loop.say(f"validation: {run.eval_tokens:,} tokens of {all_tokens:,} ({n} of {len(val_batches)} batches), so "
+                 f"that the evaluations' forward passes fit {EVAL_SHARE:.0%} of the time budget "
+                 f"({EVAL_SHARE * cfg.time_budget:.1f} s of {cfg.time_budget:.0f} s)")
 
-def _validation_loss(run: TrainLog, cfg: TrainConfig, eval_step, state, val_batches: Sequence[np.ndarray],
-                     put: Callable, say: Callable, after_evals: float) -> float:
+def _validation_loss(loop: _Loop, state) -> float:
     ("Mean validation loss over the batches an evaluation scores: all of them, or in a run with a time budget those "
      "its first evaluation chose (`_choose_val_batches`).")
-    if run.val_batches is None:
-        run.val_batches = len(val_batches)
-        if cfg.time_budget:
-            _choose_val_batches(run, cfg, eval_step, state, val_batches, put, say, after_evals)
-    return evaluate(eval_step, state, val_batches[:run.val_batches], put)
+    if loop.run.val_batches is None:
+        loop.run.val_batches = len(loop.val_batches)
+        if loop.cfg.time_budget:
+            _choose_val_batches(loop, state)
+    return evaluate(loop.eval_step, state, loop.val_batches[:loop.run.val_batches], loop.val_put)
+
+def _pause_if_due(loop: _Loop, before: int, done: int, total_steps: int, requested: list[int], metrics: dict, state,
+                  data_state) -> None:
+    "Evaluate and save where the call from `before` to `done` calls for it, off the training clock; stop on a signal."
+    run = loop.run
+    evaluating, saving, stop = _due(loop.cfg, before, done, total_steps, loop.val_batches, loop.checkpoint, requested,
+                                    run)
+    if evaluating or saving:
+        jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not the pause's
+    if evaluating:
+        with _paused(run, run.eval_times):
+            _evaluate(loop, done, metrics, _validation_loss(loop, state), state)
+    if saving:
+        with _paused(run, run.save_times):
+            _save(loop, done, state, data_state)
+    if stop:
+        raise Interrupted(stop, done, saving)
 
 # %% ../nbs/04c_train.ipynb #804c1eec
+@dataclass(frozen=True)
+class Reporting:
+    "Where `fit` reports, besides its progress bar and the `TrainLog` it returns."
+    log: Callable = print  # where evaluation lines go (with no progress bar)
+    output_dir: Path | str | None = None  # append metrics.jsonl and draw loss.png here (None: neither)
+    live_plot: bool | None = None  # redraw the loss plot below the cell (None: in a notebook, with `progress`)
+    on_eval: Callable[[int, Transformer], None] | None = None  # called as on_eval(step, model) after each evaluation
+    peak: float | None = None  # peak FLOP/s of the devices, for MFU (default: `peak_flops` of the compute dtype)
+
+@dataclass(frozen=True)
+class RunEnd:
+    "What decides a run's end besides `total_steps`: its schedule, and what a time budget keeps time for."
+    schedule: dict | None = None  # the optimizer's (default: a new run's); a time budget writes its decay into it
+    # the caller's scoring after the last step, in evaluations of the validation batches scored, by a program of its
+    # own (`tiny-lm train`: 2, its windows overlap by half): a time budget keeps its time back
+    after_evals: float = 0.0
+    last_step: int | None = None  # the run's own end (steps, epochs): a clock's decay never passes it (total_steps)
+
 def _training_steps(model: Transformer, optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict):
     ("`(train_step, step, eval_step, state)`: the compiled step, what the loop calls (a time budget's run gives it "
      "the decay as data: `budget_optimizer`), the evaluation's step, and the state they share.")
@@ -504,34 +556,24 @@ def _training_steps(model: Transformer, optimizer: nnx.Optimizer, cfg: TrainConf
     return train_step, step, make_eval_step(model, optimizer), state
 
 # %% ../nbs/04c_train.ipynb #31883015
-def fit(
-    model: Transformer, optimizer: nnx.Optimizer, batches, cfg: TrainConfig, total_steps: int,
-    val_batches: Sequence[np.ndarray] = (),  # fixed validation batches (none: no evaluation)
-    start_step: int = 0,  # first step to run (after a restore)
-    put: Callable = jnp.asarray,  # moves this process's rows of a NumPy batch onto the device(s)
-    checkpoint: Callable | None = None,  # called as checkpoint(step, model, optimizer, metrics[, data=stream state])
-    progress: bool = True,  # show a progress bar
-    log: Callable = print,  # where evaluation lines go
-    output_dir: Path | str | None = None,  # append metrics.jsonl and draw loss.png here (None: neither)
-    val_put: Callable | None = None,  # moves a validation batch (the same on every process) on (default: `put`)
-    peak: float | None = None,  # peak FLOP/s of the devices, for MFU (default: `peak_flops` of the compute dtype)
-    live_plot: bool | None = None,  # redraw the loss plot below the cell (None: in a notebook, with `progress`)
-    on_eval: Callable[[int, Transformer], None] | None = None,  # called as on_eval(step, model) after each evaluation
-    # the optimizer's schedule, for the logged rates (default: a new run's); a time budget writes its decay into it
-    schedule: dict | None = None,
-    # a time budget's run: the caller's scoring after the last step, in evaluations of the validation batches scored,
-    # by a program of its own (`tiny-lm train`: 2, its windows overlap by half); the budget keeps its time back
-    after_evals: float = 0.0,
-    last_step: int | None = None,  # the run's own end (steps, epochs): a clock's decay never passes it (total_steps)
-) -> TrainLog:
+def fit(model: Transformer, optimizer: nnx.Optimizer, batches, cfg: TrainConfig, total_steps: int,
+        val_batches: Sequence[np.ndarray] = (),  # fixed validation batches (none: no evaluation)
+        start_step: int = 0,  # first step to run (after a restore)
+        put: Callable = jnp.asarray,  # moves this process's rows of a NumPy batch onto the device(s)
+        val_put: Callable | None = None,  # moves a validation batch (the same on every process) on (default: `put`)
+        checkpoint: Callable | None = None,  # checkpoint(step, model, optimizer, metrics[, data=stream state]) saves
+        progress: bool = True,  # show a progress bar
+        report: Reporting = Reporting(),  # metrics.jsonl and loss.png, evaluation lines, the live plot, a callback
+        end: RunEnd = RunEnd()) -> TrainLog:  # the schedule, and what a time budget keeps time for
     "Train from `start_step` to `total_steps`; the model and optimizer hold the final state."
-    K, schedule, last = cfg.steps_per_call, schedule or new_schedule(cfg, total_steps), last_step or total_steps
+    K, schedule, last = cfg.steps_per_call, end.schedule or new_schedule(cfg, total_steps), end.last_step or total_steps
     release_freed_memory()  # what making the model freed (compiling its init, say) goes back before the step compiles
     train_step, step, eval_step, state = _training_steps(model, optimizer, cfg, schedule)
-    rates = schedule_fn(schedule)
-    run, metrics_path, bar, live = _reporting(model, start_step, peak, output_dir, total_steps, progress, live_plot)
-    run.eval_tokens, say, val_put = _tokens_of(val_batches), bar.write if progress else log, val_put or put
-    costs = lambda: run_costs(run, after_evals, saving=checkpoint is not None)  # what the decay plans by
+    run, metrics_path, bar, live = _reporting(model, start_step, total_steps, progress, report)
+    loop = _Loop(cfg, model, optimizer, run, metrics_path, bar, live, bar.write if progress else report.log, report,
+                 checkpoint, eval_step, val_batches, val_put or put, end.after_evals)
+    run.eval_tokens, rates = _tokens_of(val_batches), schedule_fn(schedule)
+    costs = lambda: run_costs(run, end.after_evals, saving=checkpoint is not None)  # what the decay plans by
     loader, done = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K)), start_step
     with stop_signals() as requested:  # SIGTERM or Ctrl-C: save after this step, then stop
         try:
@@ -539,23 +581,12 @@ def fit(
                 before, done = done, min(done + K, total_steps)
                 state, metrics, data_state = _fetch_and_train(run, loader, put, step, state, model.cfg.seq_len,
                                                               done - before, K)
-                _log_step(run, cfg, before, done, total_steps, metrics, rates, bar, live, metrics_path)
-                evaluating, saving, stop = _due(cfg, before, done, total_steps, val_batches, checkpoint, requested, run)
-                if evaluating or saving:
-                    jax.block_until_ready(metrics["loss"])  # the steps in flight are training time, not the pause's
-                if evaluating:
-                    with _paused(run, run.eval_times):
-                        loss = _validation_loss(run, cfg, eval_step, state, val_batches, val_put, say, after_evals)
-                        _evaluate(run, done, metrics, loss, metrics_path, say, live, on_eval, model, optimizer, state)
-                if saving:
-                    with _paused(run, run.save_times):
-                        _save(checkpoint, done, model, optimizer, state, data_state, run, cfg.time_budget)
-                if stop:
-                    raise Interrupted(stop, done, saving)
+                _log_step(loop, before, done, total_steps, metrics, rates)
+                _pause_if_due(loop, before, done, total_steps, requested, metrics, state, data_state)
                 if (n := _decay_due(run, cfg, schedule, done, total_steps, costs, last)) is not None:
                     total_steps = done + n  # (the same step)
                     step = partial(train_step, decay=_decay_now(optimizer, cfg, schedule, done, total_steps, run, bar,
-                                                                say))
+                                                                loop.say))
                     rates = schedule_fn(schedule)
         finally:  # donated buffers: the objects must get the live state back, even after an exception
             loader.close()
