@@ -128,6 +128,27 @@ def _extend_one(model: Transformer, blocks: list, token_B: jax.Array, kv_L: list
 
 
 # %% ../nbs/07_generate.ipynb #ef2a8aef
+def _decode_steps(graphdef: nnx.GraphDef, treedef, known: bool, leaves, layers, kv_L, token_B, position, key, n,
+                  steps, temperature, top_p, **mode):
+    """`steps` decode steps in one call (at most `DECODE_CHUNK`; static where `known`: a loop of known length, so a
+    GPU never asks the host whether to go on): tokens `n`, `n+1`, ..., each from the one before it, over the layers'
+    weights and caches."""
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    blocks = _blocks(model, layers)
+    B, C = token_B.shape[0], min(mode["top_k"] or model.cfg.vocab_size, model.cfg.vocab_size)
+    K = steps if known else DECODE_CHUNK  # the tokens a call can return
+    noise_KBC = (None if mode["greedy"] else  # the chunk's random draws at once: one generator call, not K
+                 jax.vmap(lambda i: gumbel_rows(jax.random.fold_in(key, n + i), B, C))(jnp.arange(K)))
+    def one(i, carry):
+        kv_L, token_B, new_BK = carry
+        logits_BV, kv_L = _extend_one(model, blocks, token_B, kv_L, position + i)
+        token_B = sample_rows(logits_BV, None, temperature, top_p, **mode,
+                              noise_BC=None if noise_KBC is None else noise_KBC[i])
+        return kv_L, token_B, new_BK.at[:, i].set(token_B)
+    new_BK = jnp.zeros((B, K), token_B.dtype)
+    kv_L, _, new_BK = jax.lax.fori_loop(0, steps, one, (kv_L, token_B, new_BK))
+    return new_BK, kv_L
+
 @lru_cache(maxsize=8)
 def _steps(graphdef: nnx.GraphDef, treedef, mesh=None, known: bool = True) -> tuple[Callable, ...]:
     """The compiled steps for one model structure (its state laid out on `mesh`, None: one device):
@@ -149,32 +170,13 @@ def _steps(graphdef: nnx.GraphDef, treedef, mesh=None, known: bool = True) -> tu
         return (sample_rows(logits_B1V[:, 0], jax.random.fold_in(key, n), temperature, top_p, **mode),
                 _layer_caches(cache))
 
-    def decode(leaves, layers, kv_L, token_B, position, key, n, steps, temperature, top_p, **mode):
-        """`steps` decode steps in one call (at most `DECODE_CHUNK`; static where `known`: a loop of known length, so
-        a GPU never asks the host whether to go on): tokens `n`, `n+1`, ..., each from the one before it, over the
-        layers' weights and caches."""
-        model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        blocks = _blocks(model, layers)
-        B, C = token_B.shape[0], min(mode["top_k"] or model.cfg.vocab_size, model.cfg.vocab_size)
-        K = steps if known else DECODE_CHUNK  # the tokens a call can return
-        noise_KBC = (None if mode["greedy"] else  # the chunk's random draws at once: one generator call, not K
-                     jax.vmap(lambda i: gumbel_rows(jax.random.fold_in(key, n + i), B, C))(jnp.arange(K)))
-        def one(i, carry):
-            kv_L, token_B, new_BK = carry
-            logits_BV, kv_L = _extend_one(model, blocks, token_B, kv_L, position + i)
-            token_B = sample_rows(logits_BV, None, temperature, top_p, **mode,
-                                  noise_BC=None if noise_KBC is None else noise_KBC[i])
-            return kv_L, token_B, new_BK.at[:, i].set(token_B)
-        new_BK = jnp.zeros((B, K), token_B.dtype)
-        kv_L, _, new_BK = jax.lax.fori_loop(0, steps, one, (kv_L, token_B, new_BK))
-        return new_BK, kv_L
-
     def reference(leaves, window_BT, last, key, n, temperature, top_p, **mode):
         "No cache: run the whole window `[B, T]`, sample each row's token after position `last`."
         logits_BV = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))(window_BT)[:, last]
         return sample_rows(logits_BV, jax.random.fold_in(key, n), temperature, top_p, **mode)
 
     static = ("greedy", "top_k", "nucleus")
+    decode = partial(_decode_steps, graphdef, treedef, known)
     return (jax.jit(weights), jax.jit(on_mesh(mesh)(prefill), static_argnames=static),
             jax.jit(on_mesh(mesh)(decode), static_argnames=(*static, "steps") if known else static, donate_argnums=2),
             jax.jit(on_mesh(mesh)(reference), static_argnames=static))
@@ -264,6 +266,21 @@ def check_sampling(temperature: float, top_k: int, top_p: float, max_new_tokens:
             raise TinyLMError(message)
 
 # %% ../nbs/07_generate.ipynb #0e9ed5a8
+def _end_of_text(tokenizer: Tokenizer, stop_at_eot: bool) -> int | None:
+    "The token that ends a sample: <|endoftext|>, or a brought tokenizer's own end-of-text (None: none ends it)."
+    separator = document_separator(tokenizer)[0]
+    single = len(separator) == 1 and tokenizer.id_to_token(separator[0]) in END_OF_TEXT_TOKENS
+    return separator[0] if stop_at_eot and single else None
+
+def _take(texts: list, tokens_BN: np.ndarray, new_BK, n: int, k: int, eot: int | None) -> int:
+    "Write each row's `k` new tokens from position `n` on and hand them to the samples' texts; the next position."
+    for new_B in np.asarray(new_BK)[:, :k].T:
+        tokens_BN[:, n], n = new_B, n + 1
+        for text, token in zip(texts, new_B.tolist()):
+            if not text.done:
+                text.end() if token == eot else text.add(token)
+    return n
+
 def generate_batch(
     model: Transformer, tokenizer: Tokenizer, prompt: str = "",
     num_samples: int = 1,  # samples of the prompt, generated as one batch
@@ -279,11 +296,7 @@ def generate_batch(
 ) -> list[str]:
     "`num_samples` continuations of the prompt, each the prompt followed by up to `max_new_tokens` sampled tokens."
     check_sampling(temperature, top_k, top_p, max_new_tokens, num_samples)
-    separator = document_separator(tokenizer)[0]  # <|endoftext|>, or a brought tokenizer's own end-of-text
-    eot = (separator[0]
-           if stop_at_eot and len(separator) == 1 and tokenizer.id_to_token(separator[0]) in END_OF_TEXT_TOKENS
-           else None)
-    T, B = model.cfg.seq_len, num_samples
+    T, B, eot = model.cfg.seq_len, num_samples, _end_of_text(tokenizer, stop_at_eot)
     ids = _prompt_ids(tokenizer, prompt, T)
     tokens_BN = np.zeros((B, len(ids) + max_new_tokens), np.int32)
     tokens_BN[:, :len(ids)] = ids
@@ -315,11 +328,7 @@ def generate_batch(
             else:
                 new_B = reference_step(state, put(window_BT), n - 1 - start, key, n, temperature, top_p, **mode)
             new_BK, k = new_B[:, None], 1  # token n's key is fold_in(key, n) on every path: the same draws
-        for new_B in np.asarray(new_BK)[:, :k].T:
-            tokens_BN[:, n], n = new_B, n + 1
-            for text, token in zip(texts, new_B.tolist()):
-                if not text.done:
-                    text.end() if token == eot else text.add(token)
+        n = _take(texts, tokens_BN, new_BK, n, k, eot)
     return [prompt + (t.text if t.done else t.end()) for t in texts]
 
 # %% ../nbs/07_generate.ipynb #2456e41b
