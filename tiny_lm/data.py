@@ -5,9 +5,6 @@
 # %% ../nbs/03_data.ipynb #31da92f5
 from __future__ import annotations
 
-import csv
-import gzip
-import json
 import os
 import re
 import socket
@@ -21,10 +18,9 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
-
 from .errors import TinyLMError
 from .tokenizer import EOT
+from .readers import READERS
 
 # %% auto #0
 __all__ = ['BUILTIN_CORPUS', 'AUTO_VAL_FRACTION', 'STREAM_ABOVE_BYTES', 'START', 'HOLD_OUT_COUNT_BYTES', 'CHUNK_CHARS',
@@ -134,110 +130,13 @@ def source_kind(dataset_id: str) -> str:
     raise TinyLMError(f"--dataset-id {dataset_id!r} is neither an existing file or folder "
                       "nor a hub id like 'owner/name': check the spelling")
 
-# %% ../nbs/03_data.ipynb #b2e72ea3
-def _open_binary(path: Path):
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
-
-def _decode(piece: bytes, path: Path, pos: int) -> str:
-    try:
-        return piece.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TinyLMError(f"{path} is not UTF-8 text (byte {pos + e.start} cannot be decoded): "
-                          "convert it to UTF-8, or leave it out of --dataset-id") from None
-
-def _pieces(path: Path, sep: bytes, pos: int) -> Iterator[tuple[str, int, int]]:
-    "Split a file on `sep` from byte `pos`: yields (the piece's text, its start, the position after it and `sep`)."
-    with _open_binary(path) as f:
-        f.seek(pos)
-        buf, at = b"", 0
-        while True:
-            block = f.read(1 << 20)
-            buf, at = buf[at:] + block, 0
-            while (i := buf.find(sep, at)) >= 0:
-                start, pos = pos, pos + i + len(sep) - at
-                yield _decode(buf[at:i], path, start), start, pos
-                at = i + len(sep)
-            if not block:
-                if at < len(buf):
-                    yield _decode(buf[at:], path, pos), pos, pos + len(buf) - at
-                return
-
-# %% ../nbs/03_data.ipynb #1a1db2e1
-def _rows_text(path: Path, start, column=None):
-    for text, _, end in _pieces(path, b"\n\n", start):
-        yield ({"text": text} if column is None else text), end
-
-def _rows_document(path: Path, start, column=None):
-    if start == 0:
-        text = _decode(path.read_bytes(), path, 0)
-        yield ({"text": text} if column is None else text), 1
-
-# %% ../nbs/03_data.ipynb #7f37181d
-def _rows_jsonl(path: Path, start, column=None):
-    for line, at, end in _pieces(path, b"\n", start):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise TinyLMError(f"{path} has a line that is not JSON at byte {at}: "
-                              "fix the file, or leave it out") from None
-        if not isinstance(row, dict):
-            raise TinyLMError(f"{path} holds JSON lines that are not objects: "
-                              "each line must be like {\"text\": \"...\"}")
-        yield (row if column is None else row.get(column)), end
-
-def _rows_json(path: Path, start, column=None):
-    with _open_binary(path) as f:
-        head = f.read(4096).lstrip()
-        if not head.startswith(b"["):
-            yield from _rows_jsonl(path, start, column)
-            return
-        try:
-            rows = json.loads(head + f.read())
-        except ValueError as e:
-            raise TinyLMError(f"{path} is not valid JSON ({e}): fix the file, or leave it out") from None
-    for i in range(start, len(rows)):
-        row = rows[i] if isinstance(rows[i], dict) else {}
-        yield (row if column is None else row.get(column)), i + 1
-
-def _rows_csv(path: Path, start, column=None):
-    csv.field_size_limit(2**31 - 1)  # the default 128 KiB stops at the first long document: documents are long
-    line, _, first = next(_pieces(path, b"\n", 0), ("", 0, 0))
-    header = next(csv.reader([line]), [])
-    after = [max(start, first)]  # a record starts after the header
-    def lines():  # csv may take several lines for one record: `after` is where the last one read ends
-        for line, _, end in _pieces(path, b"\n", after[0]):
-            after[0] = end
-            yield line + "\n"
-    for record in csv.reader(lines()):
-        row = dict(zip(header, record))
-        yield (row if column is None else row.get(column)), after[0]
-
-# %% ../nbs/03_data.ipynb #4492b81c
-def _rows_parquet(path: Path, start, column=None):
-    import pyarrow.parquet as pq
-    pf = pq.ParquetFile(path)
-    ends = np.cumsum([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
-    group = int(np.searchsorted(ends, start, side="right"))
-    row = start
-    for g in range(group, pf.num_row_groups):
-        table = pf.read_row_group(g, columns=None if column is None else [column])
-        values = table.to_pylist() if column is None else table.column(column).to_pylist()
-        for value in values[row - (int(ends[g - 1]) if g else 0):]:
-            row += 1
-            yield value, row
-
-_READERS = {"text": _rows_text, "jsonl": _rows_jsonl, "json": _rows_json, "csv": _rows_csv,
-            "parquet": _rows_parquet, "document": _rows_document}
-
 # %% ../nbs/03_data.ipynb #43ddda8f
 START = {"epoch": 0, "shard": 0, "pos": None, "row": 0, "docs": 0}  # the beginning of a split
 
 @dataclass(frozen=True)
 class Shard:
     "One file of a split (or one hub stream): how to read its rows from a position."
-    fmt: str  # a key of _READERS, or 'hub'
+    fmt: str  # a key of READERS, or 'hub'
     path: str | None = None  # the file (None for a hub stream)
     stream: object = None  # the `datasets.IterableDataset` of a hub split
     start: object = None  # that stream's state_dict() at its beginning
@@ -245,7 +144,7 @@ class Shard:
     def rows(self, start, column: str | None) -> Iterator[tuple[object, object]]:
         "(value, position after it) from `start` (None: the beginning)."
         if self.fmt != "hub":
-            return _guarded(_READERS[self.fmt](Path(self.path), start or 0, column), self.path)
+            return _guarded(READERS[self.fmt](Path(self.path), start or 0, column), self.path)
         return _hub_rows(self.stream, self.start if start is None else start, column)
 
 def _guarded(rows: Iterator, path: str) -> Iterator:
