@@ -30,7 +30,8 @@ from .model import ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
 from .profiles import HARDWARE, Hardware, Plan, device_memory
 from .prepare import mesh_devices, run_mesh, split_cpu, warn_if_too_big
-from .run import Trainer, describe_inspection, duration, inspect_run, recorded_model
+from .inspection import describe_inspection, inspect_run
+from .run import Trainer, duration, recorded_model
 from .run_folder import check_run_folder, resolve_resume, saved_run
 from .score import evaluate_text
 from .sizing import param_count, size_report

@@ -16,22 +16,22 @@ from itertools import islice
 from pathlib import Path
 
 import jax
-import numpy as np
 from flax import nnx
 from tokenizers import Tokenizer
 
-from .checkpoint import (STEP_PREFIX, Checkpointer, base_fingerprint, base_reference, best_step,
-                                checkpoint_folders, clear_old_checkpoints, find_base, load_run, publish, restore,
-                                restore_weights, run_meta, set_aside)
+from .checkpoint import (Checkpointer, STEP_PREFIX, base_fingerprint, base_reference, best_step,
+                                clear_old_checkpoints, find_base, publish, restore, restore_weights, run_meta,
+                                set_aside)
 from .copies import Mirror, check_destination
 from .cpu_speed import check_cpu_speed
 from .data import DataConfig, TextSource, open_source
 from .batches import StreamingBatches
 from .errors import TinyLMError
 from .generate import generate
+from .inspection import architecture_flags, steps_said
 from .model import ModelConfig, count_params, default_precision, describe_attention, merge_lora
 from .parallel import (batch_devices, batch_put, cpu_split, describe_mesh, device_banner, device_info,
-                              global_put, is_main_process, path_name, sharded_init, split_batch)
+                              global_put, is_main_process, sharded_init, split_batch)
 from .plots import in_notebook
 from .prepare import PreparedData, prepare_data, prepare_tokenizer, run_mesh, warn_if_too_big
 from .profiles import Plan, plan_run
@@ -44,8 +44,7 @@ from .tokenizer import (TokenizerConfig, bytes_per_token, document_separator, lo
 from .train import BUDGET_STEPS, Reporting, RunEnd, TrainConfig, fit, init_model, set_schedule, use_compile_cache
 
 # %% auto #0
-__all__ = ['SCORING_EVALS', 'recorded_model', 'duration', 'RunState', 'Trainer', 'steps_said', 'inspect_run',
-           'describe_inspection']
+__all__ = ['SCORING_EVALS', 'recorded_model', 'duration', 'RunState', 'Trainer']
 
 # %% ../nbs/08a_run.ipynb #f87da997
 def _load_base(model: nnx.Module, init: tuple | None, saved: dict, say=print,
@@ -336,29 +335,12 @@ def _open_checkpoints(t: Trainer, s: RunState) -> None:
     else:  # a resumed run appends after its step: a crash may have logged steps past the last save (run again now)
         _carry_metrics(metrics if metrics.exists() else s.resume_from / "metrics.jsonl", metrics, s.start)
 
-def _architecture_flags(model: dict) -> list[str]:
-    "The `tiny-lm train` flags that give a recorded model (`model_config.json`) the parts it has beyond the defaults."
-    cfg = ModelConfig.from_dict(model)
-    flags = [f"--no-{part}" for part in ("rmsnorm", "rope") if not getattr(cfg, f"use_{part}")]
-    if cfg.use_swiglu or cfg.activation != ModelConfig.activation:  # SwiGLU ignores `activation`
-        flags += ["--swiglu"] if cfg.use_swiglu else [f"--activation {cfg.activation}"]
-    flags += [f"--{name.replace('_', '-')}" for name in ("qk_norm", "zero_init") if getattr(cfg, name)]
-    flags += ["--untied-head"] if not cfg.tie_embeddings else []
-    return flags + ([f"--logit-softcap {cfg.logit_softcap:g}"] if cfg.logit_softcap else [])
-
-def steps_said(total_steps: int | None, time_budget: float | None = None) -> str:
-    ("A run's length in words: its steps, or that its time budget decides them (`BUDGET_STEPS`, not yet decided), "
-     "or both, whichever ends first.")
-    if total_steps == BUDGET_STEPS:
-        return "steps set by its time budget"
-    return f"{total_steps} steps" + (" or its time budget, whichever ends first" if time_budget else "")
-
 def _describe_run(t: Trainer, s: RunState) -> None:
     "Three lines before the first step: the model and data, the mesh and effective batch, the compute."
     n, accum, cfg = batch_devices(), s.train_cfg.gradient_accumulation_steps, s.model_cfg
     global_batch = s.config["global_batch_size"]
     per_epoch = f"{s.data.per_epoch:.0f}" if s.data.per_epoch else "unknown"
-    parts = "".join(f", {flag}" for flag in _architecture_flags(cfg.to_dict()))  # beyond the default parts
+    parts = "".join(f", {flag}" for flag in architecture_flags(cfg.to_dict()))  # beyond the default parts
     t.say(f"model: {count_params(s.model):,} parameters{parts} | data: {s.data.description}, {per_epoch} steps per "
           f"epoch | unigram baseline {s.data.baseline:.3f} | {steps_said(s.total_steps, s.train_cfg.time_budget)}")
     batch = s.train_cfg.batch_size
@@ -559,61 +541,3 @@ def _report(t: Trainer, s: RunState, summary: dict) -> None:
         sample = generate(s.model, s.tokenizer, t.run.sample_prompt, max_new_tokens=t.run.sample_tokens,
                           temperature=0.8, top_k=50)
         t.say("--- sample ---\n" + sample)
-
-# %% ../nbs/08a_run.ipynb #d7c0d067
-def _weights_by_layer(model: nnx.Module) -> dict[str, np.ndarray]:
-    "Every parameter array by name, in layer order: the stacked blocks' one per layer (`blocks.0.mlp.up.kernel`, ...)."
-    named = {}
-    for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
-        name, x = path_name(p).replace("/", "."), np.asarray(x, np.float32)
-        layers = enumerate(x) if name.startswith("blocks.") else [(None, x)]
-        named.update({name if i is None else f"blocks.{i}.{name.removeprefix('blocks.')}": a for i, a in layers})
-    by_layer = lambda name: (0, int(name.split(".")[1]), name) if name.startswith("blocks.") else (1, 0, name)
-    return {name: named[name] for name in sorted(named, key=by_layer)}
-
-def inspect_run(path: str | Path = "output", prompt: str = "") -> dict:
-    "What a run folder holds: step, losses, configuration, parameter norms, health, checkpoint folders and a sample."
-    run = load_run(path)
-    weights = _weights_by_layer(run.model)
-    norms = {name: float(np.linalg.norm(x)) for name, x in weights.items()}
-    finite = bool(all(np.isfinite(x).all() for x in weights.values()))
-    summary_file = run.root / "training_summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    metrics = run.meta.get("metrics", {})
-    sample = (generate(run.model, run.tokenizer, prompt, max_new_tokens=40, temperature=0.8, top_k=50) if finite
-              else None)
-    return {"path": str(run.root), "step": run.step, "params": count_params(run.model),
-            "train_loss": metrics.get("train_loss"), "val_loss": metrics.get("val_loss"), "finite": finite,
-            "checkpoints": checkpoint_folders(run.root, run.damaged), "vocab_size": run.tokenizer.get_vocab_size(),
-            "bytes_per_token": summary.get("bytes_per_token"), "config": run.meta["config"], "norms": norms,
-            "sample": sample}
-
-def _describe_training(config: dict) -> list[str]:
-    "The optimizer and schedule a run trained with, as `tiny-lm inspect` names them (none for a record without them)."
-    if "train" not in config:
-        return []
-    train, schedule = config["train"], config.get("schedule", {})
-    muon = f" (Muon {train['muon_learning_rate']:.3g})" if train.get("optimizer") == "muon" else ""
-    shape = schedule.get("lr_schedule", "cosine")
-    shape += f" (decaying over the last {schedule['decay_fraction']:.0%})" if shape == "wsd" else ""
-    return [f"training: {train.get('optimizer', 'adamw')}, peak learning rate {train['learning_rate']:.3g}{muon}, "
-            f"{shape} schedule over {steps_said(schedule.get('total_steps', train.get('max_steps')))}"]
-
-def describe_inspection(report: dict) -> str:
-    "`inspect_run`'s report as the lines `tiny-lm inspect` prints."
-    nan, norms, model_cfg = float("nan"), report["norms"], report["config"]["model"]
-    bpt = f", {report['bytes_per_token']:.2f} bytes per token on validation text" if report["bytes_per_token"] else ""
-    bad = ", ".join(k for k, v in norms.items() if not np.isfinite(v))
-    width, parts = max(map(len, norms)), " ".join(_architecture_flags(model_cfg))
-    parts = f" | {parts}" if parts else ""  # the parts beyond the defaults, as the flags that chose them
-    lines = [f"run {report['path']}, step {report['step']}: {report['params']:,} parameters | "
-             f"train loss {report['train_loss'] or nan:.4f} | val loss {report['val_loss'] or nan:.4f}",
-             "model: " + ", ".join(f"{k}={model_cfg[k]}" for k in ("vocab_size", "seq_len", "d_model", "n_layer",
-                                                                    "n_head", "d_ff", "dtype")) + parts,
-             f"tokenizer: {report['vocab_size']} tokens{bpt}", *_describe_training(report["config"]),
-             f"weights: {'all finite' if report['finite'] else 'NOT FINITE: NaN or Inf in ' + bad}",
-             *(f"  {name:<{width}}  norm {norm:10.4f}" for name, norm in norms.items()), "checkpoints:",
-             *(f"  {c['name']:<40} step {c['step']}  {c['state']}" for c in report["checkpoints"])]
-    if report["sample"] is not None:
-        lines.append("--- sample ---\n" + report["sample"])
-    return "\n".join(lines)
