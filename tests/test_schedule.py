@@ -112,8 +112,11 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
     first evaluation (CI, three tests on two cores, compiling two to three times as slowly: the first evaluation's
     compile still to come when it decided, F 6 s of 20), or so fast that compiling and evaluating take less than a
     third of 20 s (an AMD EPYC: 5.9 s, most of it the three compiles, which do not shrink with the budget), the run is
-    not this case. It runs again (three runs at most), and the last run is the one asserted: where it was too slow,
-    with a budget 2.2 times what compiling and evaluating took (45 % of it); where too fast, its programs compiled
+    not this case; nor where a loaded machine leaves the plan more than 7.5 % to foresee (a CI run beside two others:
+    its save timed slow, F 1.63 s of 20, landed at 0.945). It runs again (three runs at most), and the last run is the
+    one asserted: where F was too big, with a budget it is 7 % of (at most three times compiling and evaluating, so
+    that they still take a third); where it was too slow, with a budget 2.2 times what compiling and evaluating took
+    (45 % of it); where too fast, its programs compiled
     with XLA's default optimisations, as users' are (the EPYC: 9.1 and 9.6 s of compiling and evaluating in 20 s,
     landed at 0.982 and 0.978; a third run where that made the clock decide before its first evaluation, as in a
     loaded CI run: 13.8 s of 20, F 4.45 s). A shorter budget is no way to this case on a fast machine: the evaluations
@@ -134,6 +137,8 @@ def test_time_budget_lands_within_five_percent_where_compiling_and_evaluating_ar
             budget = math.ceil(2.2 * outside)
         elif outside < budget / 3:  # compiling and evaluating under a third: too fast (an AMD EPYC: 5.9 s of 20)
             xla_flags = AS_USERS["XLA_FLAGS"]  # compiled as users' programs are (2 devices too): more to compile
+        elif (foreseen := summary["decay_plan"]["seconds"]) > 0.075 * budget and attempt < 2:  # loaded: F too big
+            budget = min(math.ceil(foreseen / 0.07), math.floor(3 * outside))  # F 7 % of it, still a third outside
         else:
             break
     lr, last, decay = rates(out), summary["total_steps"], summary["decay_start"]

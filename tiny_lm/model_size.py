@@ -9,16 +9,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from .budget import BUDGET_AIM, EVAL_SHARE
 from .errors import TinyLMError
 from .model import ModelConfig
 from .sizing import PRESETS, flops_per_token, param_count, preset_config, target_config
 
 # %% auto #0
 __all__ = ['PLAN_TOKENS_PER_PARAM', 'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'OVERFIT_EPOCHS', 'MAX_EPOCHS',
-           'TRAIN_SHARE', 'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE', 'ACCELERATOR_RULE',
-           'CPU_RULE', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder', 'preset_named', 'Speed',
-           'tokens_trained', 'seconds_for', 'capped', 'effective_tokens', 'millions', 'time_words', 'SizingRule',
-           'Candidate', 'weigh', 'size_model', 'dropout_for']
+           'SETUP_SHARE', 'TRAIN_SHARE', 'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE',
+           'ACCELERATOR_RULE', 'CPU_RULE', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder',
+           'preset_named', 'Speed', 'tokens_trained', 'seconds_for', 'capped', 'effective_tokens', 'millions',
+           'time_words', 'SizingRule', 'Candidate', 'weigh', 'size_model', 'dropout_for']
 
 # %% ../nbs/05b_model_size.ipynb #d6ab3908
 PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
@@ -42,7 +43,11 @@ OVERFIT_EPOCHS = 8
 # et al. 2023) and a model still overfits with dropout 0.2 (13_size_sweep, Tiny Shakespeare for 30 minutes: the 1.18 M
 # and 1.84 M models both lowest at about 16 passes, of 67 and 46, and up after, worse than 10 minutes left them)
 MAX_EPOCHS = 16
-TRAIN_SHARE = 0.85  # the share of a time budget a plan expects in training steps: the rest compiles, evaluates, saves
+# the share of a time budget a plan expects in training steps, from the time budget's own model of a run (04b_budget):
+# the run aims at BUDGET_AIM of its budget, its evaluations take at most EVAL_SHARE, and compiling, saving and
+# setting up are guessed at SETUP_SHARE (what the clock measures as the run goes, the plan cannot)
+SETUP_SHARE = 0.025
+TRAIN_SHARE = BUDGET_AIM - EVAL_SHARE - SETUP_SHARE  # 0.85
 BYTES_PER_TOKEN_GUESS = 3.6  # measured: the default 4,096-token tokenizer on the built-in corpus (3.63)
 
 def bytes_per_token_guess(vocab_size: int) -> float:
