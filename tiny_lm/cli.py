@@ -26,18 +26,18 @@ from .errors import TinyLMError, folder_to_write, out_of_memory
 from .export import export_hf
 from .flags import EXPORT_FORMATS, build_parser, check_ranges
 from .generate import generate_batch
+from .inspection import describe_inspection, inspect_run
 from .model import ModelConfig, attention_implementation, default_precision
 from .parallel import initialize_distributed, parse_mesh
-from .profiles import HARDWARE, Hardware, Plan, device_memory
 from .prepare import mesh_devices, run_mesh, split_cpu, warn_if_too_big
-from .inspection import describe_inspection, inspect_run
+from .profiles import HARDWARE, Hardware, Plan, device_memory
 from .run import Trainer, duration, recorded_model
 from .run_folder import check_run_folder, resolve_resume, saved_run
 from .score import evaluate_text
-from .sizing import param_count, size_report
-from .train import Interrupted
 from .settings import (apply_profile, base_run_of, check_size_flags, check_tokenizer_flags, configs_from_args,
                               model_from_args, planned_vocab, precision_of, run_config_from_args)
+from .sizing import param_count, size_report
+from .train import Interrupted
 
 # %% auto #0
 __all__ = ['COMMANDS', 'run_train', 'plan_report', 'run_plan', 'compile_target', 'compiled_run', 'check_compiled_fits',

@@ -39,7 +39,7 @@ from .train_log import TrainLog
 # %% auto #0
 __all__ = ['DROPOUT_STREAM', 'COMPILE_CACHE', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model',
            'set_schedule', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step',
-           'evaluate', 'Interrupted', 'stop_signals', 'budget_optimizer', 'Reporting', 'RunEnd', 'fit']
+           'evaluate', 'Interrupted', 'stop_signals', 'Reporting', 'RunEnd', 'budget_optimizer', 'fit']
 
 # %% ../nbs/04c_train.ipynb #849dccab
 def decay_mask(params) -> object:
@@ -297,6 +297,25 @@ def _on_any_process(*values: int) -> list[int]:
     return [int(v) for v in np.max(multihost_utils.process_allgather(np.array(values, np.int32)), axis=0)]
 
 # %% ../nbs/04c_train.ipynb #66b84632
+@dataclass(frozen=True)
+class Reporting:
+    "Where `fit` reports, besides its progress bar and the `TrainLog` it returns."
+    log: Callable = print  # where evaluation lines go (with no progress bar)
+    output_dir: Path | str | None = None  # append metrics.jsonl and draw loss.png here (None: neither)
+    live_plot: bool | None = None  # redraw the loss plot below the cell (None: in a notebook, with `progress`)
+    on_eval: Callable[[int, Transformer], None] | None = None  # called as on_eval(step, model) after each evaluation
+    peak: float | None = None  # peak FLOP/s of the devices, for MFU (default: `peak_flops` of the compute dtype)
+
+@dataclass(frozen=True)
+class RunEnd:
+    "What decides a run's end besides `total_steps`: its schedule, and what a time budget keeps time for."
+    schedule: dict | None = None  # the optimizer's (default: a new run's); a time budget writes its decay into it
+    # the caller's scoring after the last step, in evaluations of the validation batches scored, by a program of its
+    # own (`tiny-lm train`: 2, its windows overlap by half): a time budget keeps its time back
+    after_evals: float = 0.0
+    last_step: int | None = None  # the run's own end (steps, epochs): a clock's decay never passes it (total_steps)
+
+# %% ../nbs/04c_train.ipynb #5e1d2c3a
 @dataclass
 class _Loop:
     "What one `fit` shares between its calls: the settings, the objects trained, its log and where it reports."
@@ -528,24 +547,6 @@ def _pause_if_due(loop: _Loop, before: int, done: int, total_steps: int, request
         raise Interrupted(stop, done, saving)
 
 # %% ../nbs/04c_train.ipynb #804c1eec
-@dataclass(frozen=True)
-class Reporting:
-    "Where `fit` reports, besides its progress bar and the `TrainLog` it returns."
-    log: Callable = print  # where evaluation lines go (with no progress bar)
-    output_dir: Path | str | None = None  # append metrics.jsonl and draw loss.png here (None: neither)
-    live_plot: bool | None = None  # redraw the loss plot below the cell (None: in a notebook, with `progress`)
-    on_eval: Callable[[int, Transformer], None] | None = None  # called as on_eval(step, model) after each evaluation
-    peak: float | None = None  # peak FLOP/s of the devices, for MFU (default: `peak_flops` of the compute dtype)
-
-@dataclass(frozen=True)
-class RunEnd:
-    "What decides a run's end besides `total_steps`: its schedule, and what a time budget keeps time for."
-    schedule: dict | None = None  # the optimizer's (default: a new run's); a time budget writes its decay into it
-    # the caller's scoring after the last step, in evaluations of the validation batches scored, by a program of its
-    # own (`tiny-lm train`: 2, its windows overlap by half): a time budget keeps its time back
-    after_evals: float = 0.0
-    last_step: int | None = None  # the run's own end (steps, epochs): a clock's decay never passes it (total_steps)
-
 def _training_steps(model: Transformer, optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict):
     ("`(train_step, step, eval_step, state)`: the compiled step, what the loop calls (a time budget's run gives it "
      "the decay as data: `budget_optimizer`), the evaluation's step, and the state they share.")
@@ -570,8 +571,9 @@ def fit(model: Transformer, optimizer: nnx.Optimizer, batches, cfg: TrainConfig,
     release_freed_memory()  # what making the model freed (compiling its init, say) goes back before the step compiles
     train_step, step, eval_step, state = _training_steps(model, optimizer, cfg, schedule)
     run, metrics_path, bar, live = _reporting(model, start_step, total_steps, progress, report)
-    loop = _Loop(cfg, model, optimizer, run, metrics_path, bar, live, bar.write if progress else report.log, report,
-                 checkpoint, eval_step, val_batches, val_put or put, end.after_evals)
+    loop = _Loop(cfg=cfg, model=model, optimizer=optimizer, run=run, metrics_path=metrics_path, bar=bar, live=live,
+                 say=bar.write if progress else report.log, report=report, checkpoint=checkpoint, eval_step=eval_step,
+                 val_batches=val_batches, val_put=val_put or put, after_evals=end.after_evals)
     run.eval_tokens, rates = _tokens_of(val_batches), schedule_fn(schedule)
     costs = lambda: run_costs(run, end.after_evals, saving=checkpoint is not None)  # what the decay plans by
     loader, done = step_batches(batches, start_step, cfg.gradient_accumulation_steps, depth=max(4, K)), start_step
