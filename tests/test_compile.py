@@ -141,15 +141,20 @@ with building_for(SimpleNamespace(**vars(hw.device()), memory_bytes=usable_memor
 computations, entry = parse_hlo(text)
 logits = B * cfg.seq_len * cfg.vocab_size
 kept = [t for i in computations[entry] for t, dims, _ in hlo_arrays(i.shape) if math.prod(dims) == logits]
-print(kept.count("f32"), kept.count("bf16"))
+table = cfg.vocab_size * cfg.d_model  # the tied embedding: a kernel of no inputs that makes one fills it
+filled = [i.name for i in computations[entry] if not i.operands and i.opcode not in ("parameter", "constant")
+          and any(math.prod(dims) == table for _, dims, _ in hlo_arrays(i.shape))]
+print(kept.count("f32"), kept.count("bf16"), len(filled))
 """
 
 
 @needs_compilers
 def test_the_loss_keeps_no_float32_logits_on_a_gpu():
-    ("GPT-2-sized vocabularies made float32 `[B, T, V]` buffers of 2.5 GB each; the loss's own gradient makes none. "
+    ("GPT-2-sized vocabularies made float32 `[B, T, V]` buffers of 2.5 GB each; the loss's own gradient makes none, "
+     "and the tied embedding's gradient is not scattered into a zero-filled `[V, D]` table (01_model's compute_copy). "
      "Compiled as `bench train --trace` compiles a GPU's step: the GPU compiler accepts `named_kernels`' option.")
     r = subprocess.run([sys.executable, "-c", LOGITS], capture_output=True, text=True, env=WITH, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    f32, bf16 = map(int, r.stdout.split())
+    f32, bf16, filled = map(int, r.stdout.split())
     assert f32 == 0 and bf16 > 0  # the logits and their gradient exist, in bf16 only
+    assert filled == 0  # the embedding's lookup adds its gradient into the head's, not into a table of zeros

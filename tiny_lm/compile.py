@@ -439,7 +439,7 @@ def estimated_train_memory(cfg: ModelConfig, train_cfg: TrainConfig, fsdp: int, 
 
 def decode_estimates(cfg: ModelConfig, batch: int = 1) -> tuple[float, float]:
     ("tiny_lm's estimate of decoding: (bytes of the weights and cache it holds, FLOPs per token at a full window); "
-     "the weights in the compute dtype, as the layers hold them (07_generate's `compute_copy`).")
+     "the weights in the compute dtype, as the layers hold them (01_model's `compute_copy`).")
     itemsize = jnp.dtype(cfg.dtype).itemsize
     cache = 2 * cfg.n_layer * batch * cfg.n_kv_head * cfg.seq_len * cfg.head_dim * itemsize
     n_matmul = (flops_per_token(cfg) - 12 * cfg.n_layer * cfg.d_model * cfg.seq_len) / 6

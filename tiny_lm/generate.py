@@ -17,14 +17,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tokenizers import Tokenizer
 
 from .errors import TinyLMError
-from .model import ModelConfig, Transformer, mesh_of, on_mesh
+from .model import ModelConfig, Transformer, compute_copy, mesh_of, on_mesh
 from .parallel import batch_sharding, make_mesh
 from .target import target_platform
 from .tokenizer import END_OF_TEXT_TOKENS, document_separator
 
 # %% auto #0
-__all__ = ['DECODE_CHUNK', 'MATRICES', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'known_length', 'init_cache',
-           'compute_copy', 'layer_weights', 'lower_decode', 'check_sampling', 'generate_batch', 'generate']
+__all__ = ['DECODE_CHUNK', 'candidates', 'gumbel_rows', 'sample_rows', 'sampling_mode', 'known_length', 'init_cache',
+           'layer_weights', 'lower_decode', 'check_sampling', 'generate_batch', 'generate']
 
 # %% ../nbs/07_generate.ipynb #bd088f29
 def candidates(logits_BV: jax.Array, temperature, top_k: int, top_p,
@@ -90,17 +90,6 @@ def init_cache(cfg: ModelConfig, batch: int, rows: NamedSharding | None = None) 
     return {"k": jnp.zeros(shape, cfg.dtype, device=sharding), "v": jnp.zeros(shape, cfg.dtype, device=sharding)}
 
 # %% ../nbs/07_generate.ipynb #e9ef4e3c
-MATRICES = ("kernel", "embedding", "lora_a", "lora_b")  # the arrays a layer casts to its compute dtype on every call
-
-def compute_copy(state: nnx.State, dtype) -> nnx.State:
-    """`state` with its matrices (`MATRICES`) cast to the compute `dtype` once, for a generation's many calls: every
-    layer casts them on every call anyway (`promote_dtype`), so the results are the same bit for bit, and a decode
-    step reads 2 bytes a weight in bfloat16 instead of 4 (and a cast's 2 more). Norm scales keep their dtype."""
-    def cast(path, x):
-        names = {getattr(key, "key", None) for key in path}
-        return x.astype(dtype) if names & set(MATRICES) and jnp.issubdtype(x.dtype, jnp.floating) else x
-    return jax.tree_util.tree_map_with_path(cast, state)
-
 def layer_weights(model: Transformer) -> list[list[jax.Array]]:
     """The stacked blocks' weights as one flat list of arrays per layer. `generate_batch` slices them once and hands
     the lists to every decode call: inside a compiled call XLA would copy each layer's weights out on every call."""

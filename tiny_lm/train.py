@@ -29,7 +29,7 @@ from .cpu import compiler_options, one_all_reduce, release_freed_memory
 from .batches import step_batches
 from .errors import TinyLMError, folder_to_write
 from .loss import loss_fn
-from .model import ModelConfig, Transformer, mesh_of, on_mesh
+from .model import EMBEDDINGS, ModelConfig, Transformer, compute_copy, mesh_of, on_mesh
 from .schedule import clock_rates, decay_data, decay_from, new_schedule, schedule_fn
 from .plots import LivePlot, in_notebook, plot_losses
 from .sizing import flops_per_token, peak_flops
@@ -113,9 +113,12 @@ def set_schedule(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict) -> 
 # %% ../nbs/04c_train.ipynb #747c79a7
 def _grads(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None, *, accum_steps: int = 1,
            wrt=nnx.Param, remat: str = "none"):
-    "Mean loss and gradients (of the `wrt` parameters) over `accum_steps` micro-batches of `batch_BT`."
+    """Mean loss and gradients (of the `wrt` parameters) over `accum_steps` micro-batches of `batch_BT`, the embeddings
+    cast to the compute dtype once (`compute_copy`: a tied embedding's two gradients then add up in one table)."""
     graphdef, params, rest = nnx.split(model, wrt, ...)
-    loss_of = lambda params, b, key: loss_fn(nnx.merge(graphdef, params, rest), b, key, remat=remat)
+    dtype = model.cfg.dtype
+    def loss_of(params, b, key):
+        return loss_fn(nnx.merge(graphdef, compute_copy(params, dtype, EMBEDDINGS), rest), b, key, remat=remat)
     grad_fn = jax.value_and_grad(loss_of)
     if accum_steps == 1:
         return grad_fn(params, batch_BT, dropout_key)
