@@ -35,7 +35,7 @@ from .run import Trainer, duration, recorded_model
 from .run_folder import check_run_folder, resolve_resume, saved_run
 from .score import evaluate_text
 from .settings import (apply_profile, base_run_of, check_size_flags, check_tokenizer_flags, configs_from_args,
-                              model_from_args, planned_vocab, precision_of, run_config_from_args)
+                              describe_settings, model_from_args, planned_vocab, precision_of, run_config_from_args)
 from .sizing import param_count, size_report
 from .train import Interrupted
 
@@ -80,7 +80,8 @@ def plan_report(plan: Plan, model: ModelConfig, args) -> dict:
             "learning_rate": args.learning_rate, "dropout_rate": model.dropout_rate, "optimizer": args.optimizer,
             "precision": plan.precision_flag if given_precision in (None, "auto") else given_precision,
             "steps_per_call": args.steps_per_call, "model_preset": plan.model_preset,
-            "model": model.to_dict(), "reasons": list(plan.reasons), "given": list(plan.overridden)}
+            "model": model.to_dict(), "reasons": list(plan.reasons), "given": list(plan.overridden),
+            "sources": {name: source for name, _, source in plan.settings}}
 
 def run_plan(args) -> dict:
     "Print the plan `tiny-lm train` would follow with the same flags, and why; nothing is trained or written."
@@ -106,7 +107,8 @@ def run_plan(args) -> dict:
         check_compiler(hw)
         report["compiled"] = compiled_run(args, model, hw, generate=False)
     print(json.dumps(report, indent=2) if args.json else
-          "\n".join([plan.describe(), *([describe_compiled(report["compiled"])] if hw else [])]))
+          "\n".join([plan.describe(), describe_settings(plan),
+                     *([describe_compiled(report["compiled"])] if hw else [])]))
     if hw is not None:
         check_compiled_fits(report["compiled"], hw)
     if plan.detected:  # the memory the run would need here, said as train says it (a named profile's plan fits its own)

@@ -207,6 +207,7 @@ class Plan:
     remat: str = "none"  # what the backward pass recomputes, to fit the batch at once (TrainConfig.remat)
     optimizer: str = "adamw"  # TrainConfig.optimizer: `choose_optimizer`'s pick
     overridden: tuple[str, ...] = ()  # the flags given, which win over the plan
+    settings: tuple[tuple[str, object, str], ...] = ()  # (flag, value, given/planned/default): 08e_settings' `decide`
     model: dict | None = None  # a model sized for the length and the data (ModelConfig fields; None: a preset's)
     params: int | None = None  # of the planned model, at the planned vocabulary
     tokens: float | None = None  # to be trained, estimated

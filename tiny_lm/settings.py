@@ -3,6 +3,7 @@
 # %% ../nbs/08e_settings.ipynb #86886923
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from itertools import islice
@@ -27,7 +28,7 @@ from .train_config import TrainConfig
 # %% auto #0
 __all__ = ['TOKENIZER_TRAINING', 'precision_of', 'check_size_flags', 'model_from_args', 'configs_from_args',
            'check_tokenizer_flags', 'base_run_of', 'run_config_from_args', 'planned_vocab', 'planned_length',
-           'apply_profile']
+           'apply_profile', 'decide', 'describe_settings']
 
 # %% ../nbs/08e_settings.ipynb #8ac95d4f
 def precision_of(args) -> str | None:
@@ -243,14 +244,48 @@ def _apply_sized(args, plan: Plan) -> None:
 
 # %% ../nbs/08e_settings.ipynb #9c979b7f
 def apply_profile(args, saved: dict, init) -> Plan | None:
-    ("Fill the flags a new run left unset with its hardware profile's picks: the model sized for the run's length and "
-     "data (unless given), its batch, rate and the rest; the plan, or None (`none`, a resumed run).")
+    ("Fill the flags a new run left unset with its hardware profile's picks (`decide`); the plan, each setting it "
+     "decides with its source (`Plan.settings`), or None (`--profile none`, a resumed run).")
     if saved:
         if args.profile not in (None, "auto"):
             print(f"note: --profile {args.profile} plans new runs; this resumed run keeps the settings it started with")
         return None
     if args.profile == "none":
         return None
+    plan = decide(args, init)
+    for name, value, _ in plan.settings:
+        setattr(args, name, value)
+    kind = jax.devices()[0].device_kind
+    here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
+    if not plan.detected and plan.profile != here and args.command != "compile" and not getattr(args, "compile", 0):
+        print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
+    return plan
+
+_DECIDED = (*_PLANNED, *_SIZED, "epochs", "model_preset")  # every flag the plan may fill in
+
+def decide(args, init) -> Plan:
+    ("The one decision of a new run's settings (`args` read, never written): the flags given win, the plan fills in "
+     "the rest (the model sized for the run's length and data unless given, then its batch, rate and the rest), and "
+     "what neither sets keeps its config's default. The plan, with `settings`: (flag, value, source) for each.")
+    flags = argparse.Namespace(**vars(args))  # the plan's picks are written here, then compared with what was given
+    plan = _plan_into(flags, init)
+    def source(name: str) -> str:
+        planned = getattr(flags, name) != getattr(args, name)  # filled in where the flag was left unset
+        return "given" if given_flags(args, [name]) else "planned" if planned else "default"
+    settings = tuple((name, getattr(flags, name), source(name)) for name in dict.fromkeys(_DECIDED))
+    return replace(plan, settings=settings)
+
+def describe_settings(plan: Plan) -> str:
+    "What `tiny-lm plan` lists after the plan: each setting it decided, its value and source, and those left default."
+    flag = lambda name: "--" + name.replace("_", "-")
+    shown = lambda name, value: f"{flag(name)} {value:g}" if isinstance(value, float) else f"{flag(name)} {value}"
+    rows = [f"  {shown(name, value):<32} {source}" for name, value, source in plan.settings if source != "default"]
+    defaults = ", ".join(flag(name) for name, _, source in plan.settings if source == "default")
+    return "\n".join(["settings (given: on the command line; planned: the plan's pick):", *rows,
+                      *([f"  left unset (the preset's or the config's): {defaults}"] if defaults else [])])
+
+def _plan_into(args, init) -> Plan:
+    "`decide`'s steps, writing the plan's picks into `args` (a copy) as each next step reads them."
     vocab, sizing = planned_vocab(args, init), _sizes_the_model(args, init)
     length = planned_length(args, vocab)
     devices = getattr(args, "devices", None)  # a named profile's slice (plan, compile); None: one, or this machine's
@@ -267,10 +302,6 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
     if args.dropout_rate is None:  # the repeats' dropout: a model sized, given or fine-tuned repeats its data alike
         args.dropout_rate = (plan if sizing else fitted).dropout_rate or None
     _fill_unset(args, fitted if not sizing else replace(fitted, learning_rate=plan.learning_rate))
-    kind = jax.devices()[0].device_kind
-    here = "cpu" if jax.default_backend() == "cpu" else getattr(match_hardware(kind), "name", None)
-    if not plan.detected and plan.profile != here and args.command != "compile" and not getattr(args, "compile", 0):
-        print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
     if sizing:
         if plan.epochs_limit and args.epochs is None:  # the text cannot feed the whole time: its passes end the run
             args.epochs = plan.epochs_limit
