@@ -301,14 +301,21 @@ def _fused_flops(name: str, computations: dict, shapes: dict) -> int:
 
 # %% ../nbs/08d_compile.ipynb #d3f493d6
 _VIEWS = {"bitcast", "reshape", "broadcast", "transpose", "convert"}  # element-wise views: a slice of one is a slice
+_ELEMENTWISE = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "select", "compare", "and", "or",
+                "negate", "exponential", "log", "rsqrt", "sqrt", "tanh", "abs", "power", "clamp", "logistic"}
 
 def _uses(name: str, fused: list[Instruction]) -> list[tuple[Instruction, int]]:
-    "Where `name` is read inside a fused computation: (instruction, operand position), looking through views."
+    """Where `name` is read inside a fused computation: (instruction, operand position), looking through views and
+    through element-wise operations on arrays of its size: a fused kernel computes the elements its result needs, so
+    a slice of `x · r` reads that slice of `x`."""
+    size = _elements(next((i.shape for i in fused if i.name == name), ""))
     found = []
     for i in fused:
         for position, operand in enumerate(i.operands):
             if operand == name:
-                found += _uses(i.name, fused) if i.opcode in _VIEWS and len(i.operands) == 1 else [(i, position)]
+                through = (i.opcode in _VIEWS and len(i.operands) == 1
+                           or i.opcode in _ELEMENTWISE and _elements(i.shape) == size)
+                found += _uses(i.name, fused) if through else [(i, position)]
     return found
 
 _PARTIAL_READS = ("dynamic-slice", "slice", "gather")  # read only the elements they give

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +22,11 @@ from .errors import TinyLMError
 from .target import target_device, target_platform
 
 # %% auto #0
-__all__ = ['ATTENTION_KERNELS', 'REMAT', 'MATRICES', 'EMBEDDINGS', 'PRECISIONS', 'ModelConfig', 'Linear', 'rope_angles',
-           'apply_rope', 'attention_implementation', 'describe_attention', 'splash_attention', 'mesh_of', 'on_mesh',
-           'causal_attention', 'cached_attention', 'Attention', 'MLP', 'activation_for_backward', 'Block',
-           'Transformer', 'compute_copy', 'count_params', 'default_precision', 'add_lora', 'merge_lora']
+__all__ = ['ATTENTION_KERNELS', 'REMAT', 'MATRICES', 'EMBEDDINGS', 'PRECISIONS', 'ModelConfig', 'Normed', 'folding_norm',
+           'folded_product', 'Linear', 'rope_angles', 'apply_rope', 'attention_implementation', 'describe_attention',
+           'splash_attention', 'mesh_of', 'on_mesh', 'causal_attention', 'cached_attention', 'Attention', 'MLP',
+           'activation_for_backward', 'Block', 'Transformer', 'compute_copy', 'count_params', 'default_precision',
+           'add_lora', 'merge_lora']
 
 # %% ../nbs/01_model.ipynb #d9d47904
 @dataclass(frozen=True)
@@ -163,6 +165,51 @@ def _head_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.RMSNorm | None:
     kw = dict(dtype=_DTYPES[cfg.dtype], param_dtype=_DTYPES[cfg.param_dtype], rngs=rngs)
     return nnx.RMSNorm(cfg.head_dim, **kw) if cfg.qk_norm else None
 
+# %% ../nbs/01_model.ipynb #fd99502c
+class Normed(NamedTuple):
+    "An RMSNorm's output `x · r · s`, not yet made: the stream `x`, its rows' `r = 1/rms` `[..., 1]`, the scale `s`."
+    x: jax.Array
+    r: jax.Array
+    s: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+def folding_norm(norm: nnx.Module, x: jax.Array, cached: bool = False) -> jax.Array | Normed:
+    "`norm(x)`; where an accelerator runs an RMSNorm without a KV cache, a `Normed` for the products to fold."
+    if cached or target_platform() == "cpu" or not isinstance(norm, nnx.RMSNorm):
+        return norm(x)
+    x32 = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + norm.epsilon)
+    s = norm.scale[...].astype(jnp.float32) if norm.scale is not None else jnp.ones(x.shape[-1], jnp.float32)
+    return Normed(x, r, s)
+
+@jax.custom_vjp
+def folded_product(x: jax.Array, r: jax.Array, s: jax.Array, w: jax.Array) -> jax.Array:
+    "`(x · r · s) · w` as `r · (x · (s ⊙ w))`, in `x`'s dtype: `x [..., I]`, `r [..., 1]`, `s [I]`, `w [I, O]`."
+    ws = (s[:, None] * w.astype(jnp.float32)).astype(x.dtype)
+    y = dot_general(x, ws, (((x.ndim - 1,), (0,)), ((), ())))
+    return (y.astype(jnp.float32) * r).astype(y.dtype)
+
+def _folded_forward(x, r, s, w):
+    return folded_product(x, r, s, w), (x, r, s, w)
+
+def _folded_backward(saved, g):
+    "Each input's gradient; `r`'s from the input side: `∂/∂r = Σ_o g·(x·(s ⊙ w)) = rowsum(x ⊙ dx) / r`."
+    x, r, s, w = saved
+    contract = lambda a, b, axes: jax.lax.dot_general(a, b, (axes, ((), ())))
+    rows = lambda a: a.reshape(-1, a.shape[-1])
+    g_r = (g.astype(jnp.float32) * r).astype(g.dtype)  # the gradient of `x · (s ⊙ w)`
+    dxs = contract(g_r, w.astype(g.dtype), ((g.ndim - 1,), (1,))).astype(jnp.float32)  # of `x ⊙ s`: `g_r · wᵀ`
+    dx, x32 = dxs * s, x.astype(jnp.float32)
+    dr = jnp.sum(x32 * dx, axis=-1, keepdims=True) / r
+    ds = jnp.sum(rows(x32 * dxs), axis=0)
+    dw = contract(rows(x), rows(g_r), ((0,), (0,))).astype(jnp.float32) * s[:, None]  # of `w`: `s ⊙ (xᵀ · g_r)`
+    return dx.astype(x.dtype), dr.astype(r.dtype), ds.astype(s.dtype), dw.astype(w.dtype)
+
+folded_product.defvjp(_folded_forward, _folded_backward)
+
 # %% ../nbs/01_model.ipynb #056cee0e
 class Linear(nnx.Linear):
     "A bias-free `nnx.Linear`, plus an optional LoRA adapter (`cfg.lora_rank > 0`): `y = x·W + (α/r)·x·A·B`."
@@ -174,9 +221,19 @@ class Linear(nnx.Linear):
         self.lora = nnx.LoRA(d_in, cfg.lora_rank, d_out, rngs=rngs, **dtypes) if cfg.lora_rank else None
         self.lora_scale = cfg.lora_scale
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array | Normed) -> jax.Array:
+        if isinstance(x, Normed):  # an RMSNorm's output on an accelerator: folded into the product
+            return self._folded(x)
         y = super().__call__(x)
         return y if self.lora is None else y + self.lora_scale * self.lora(x)
+
+    def _folded(self, x: Normed) -> jax.Array:
+        "`folded_product` with this layer's weight, and its adapter's `A` (then `B`)."
+        y = folded_product(x.x, x.r, x.s, self.kernel[...].astype(self.dtype))
+        if self.lora is None:
+            return y
+        a = folded_product(x.x, x.r, x.s, self.lora.lora_a[...].astype(self.dtype))
+        return y + self.lora_scale * (a @ self.lora.lora_b[...].astype(self.dtype))
 
 # %% ../nbs/01_model.ipynb #95e43782
 def rope_angles(positions_T: jax.Array, head_dim: int, theta: float = 10_000.0) -> tuple[jax.Array, jax.Array]:
@@ -371,9 +428,10 @@ class Block(nnx.Module):
                  start=0) -> tuple[jax.Array, dict | None]:
         "The residual stream after this block, and the KV cache with this block's keys and values written."
         attn_key, mlp_key = _split(dropout_key, 2)
-        y_BTD, cache = self.attn(self.attn_norm(x_BTD), rope_TK, cache, start)
+        cached = cache is not None  # a decode step: the plain norms (`folding_norm`)
+        y_BTD, cache = self.attn(folding_norm(self.attn_norm, x_BTD, cached), rope_TK, cache, start)
         x_BTD = x_BTD + self.dropout(y_BTD, deterministic=attn_key is None, rngs=attn_key)
-        y_BTD = self.mlp(self.mlp_norm(x_BTD))
+        y_BTD = self.mlp(folding_norm(self.mlp_norm, x_BTD, cached))
         return x_BTD + self.dropout(y_BTD, deterministic=mlp_key is None, rngs=mlp_key), cache
 
 # %% ../nbs/01_model.ipynb #594efda0
