@@ -67,6 +67,7 @@ class Length:
     seq_len: int | None = None  # the context every candidate trains at (--seq-len; None: each model's own)
     batch: int | None = None  # sequences a device takes at once (--batch-size; None: the plan's)
     accumulation: int | None = None  # micro-batches an optimizer step adds up (--gradient-accumulation-steps)
+    default: bool = False  # no length was given: the time budget is an accelerator's default run's (05c_profiles)
 
     @property
     def given(self) -> bool:

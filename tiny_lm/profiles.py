@@ -25,12 +25,12 @@ from .sizing import (PRESETS, TOKENS_PER_PARAM, fitting_batch, flops_per_token, 
 from .train_config import TrainConfig
 
 # %% auto #0
-__all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'ASSUMED_MFU', 'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER',
-           'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS', 'STEPS_PER_CALL', 'MUON_MAX_OVERHEAD',
-           'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'Hardware', 'usable_memory', 'device_memory', 'match_hardware',
-           'detect_hardware', 'compute_optimal_hours', 'choose_preset', 'choose_batch', 'choose_learning_rate',
-           'choose_steps_per_call', 'steps_per_call_dividing', 'muon_overhead', 'choose_optimizer', 'Plan',
-           'plan_speed', 'step_tokens_for', 'plan_run']
+__all__ = ['HARDWARE', 'PROFILES', 'GPU_MEMORY_FRACTION', 'SESSION_HOURS', 'DEFAULT_MINUTES', 'ASSUMED_MFU',
+           'TOKENS_PER_DEVICE_STEP', 'REMAT_ORDER', 'BASE_LEARNING_RATE', 'BASE_WIDTH', 'CALL_SECONDS',
+           'STEPS_PER_CALL', 'MUON_MAX_OVERHEAD', 'NEWTON_SCHULZ_STEPS', 'SAVE_MINUTES', 'Hardware', 'usable_memory',
+           'device_memory', 'match_hardware', 'detect_hardware', 'default_time_budget', 'compute_optimal_hours',
+           'choose_preset', 'choose_batch', 'choose_learning_rate', 'choose_steps_per_call', 'steps_per_call_dividing',
+           'muon_overhead', 'choose_optimizer', 'Plan', 'plan_speed', 'step_tokens_for', 'plan_run']
 
 # %% ../nbs/05c_profiles.ipynb #e351ab15
 @dataclass(frozen=True)
@@ -100,6 +100,14 @@ def detect_hardware(device=None) -> Hardware | None:
 
 # %% ../nbs/05c_profiles.ipynb #7a4528dd
 SESSION_HOURS = 2.0  # a profile's preset trains compute-optimally within this time
+DEFAULT_MINUTES = 10  # an accelerator's new run with no length given is sized as for `--time-budget 10m`
+
+def default_time_budget(profile: str) -> float | None:
+    ("Seconds an accelerator's new run with no length given is planned for (`DEFAULT_MINUTES`): sized by the same "
+     "rules as a run given a time, not the largest preset for 600 steps; None where `profile` plans a CPU, whose "
+     "default run is the tiny preset for 600 steps.")
+    hw = detect_hardware() if profile == "auto" else HARDWARE.get(profile)
+    return None if hw is None else DEFAULT_MINUTES * 60.0
 ASSUMED_MFU = 0.29  # measured: the medium preset on an H100
 
 def _peak(hw: Hardware, dtype: str) -> float | None:
@@ -360,7 +368,8 @@ def _length_reason(length: Length, hw: Hardware | None, num_devices: int) -> str
     if length.time_budget:
         flops = plan_speed(hw, num_devices).flops
         speed = "timed on this CPU" if hw is None else f"{ASSUMED_MFU:.0%} of the peak"
-        ends.append(f"{length.time_budget / 60:.3g} min (--time-budget) at about {flops / 1e12:.3g} TFLOP/s ({speed}), "
+        said = "an accelerator's default run: no length given" if length.default else "--time-budget"
+        ends.append(f"{length.time_budget / 60:.3g} min ({said}) at about {flops / 1e12:.3g} TFLOP/s ({speed}), "
                     f"{TRAIN_SHARE:.0%} of it in training steps")
     ends += [f"{length.max_steps:,} steps (--max-steps)"] if length.max_steps else []
     ends += [f"{length.epochs:g} epochs (--epochs)"] if length.epochs else []
@@ -420,9 +429,9 @@ def _with_estimates(plan: Plan, hw: Hardware | None, length: Length, cfg: ModelC
     plan = replace(plan, params=param_count(cfg), tokens=tokens, steps=math.ceil(tokens / step) if tokens else None,
                    epochs=epochs, dropout_rate=dropout_for(epochs))  # a model given too: repeats all the same
     if not length.given:
-        head = ["length: none given, so the device's default run: on a CPU the tiny preset for 600 steps, a first "
-                "look in minutes; on an accelerator the largest preset that trains compute-optimally in "
-                f"{SESSION_HOURS:g} h. Give --time-budget to size the model for your time and data"]
+        head = ["length: none given, so the default run: 600 steps, a first look in minutes on a CPU (an "
+                f"accelerator's new model is sized for {DEFAULT_MINUTES} min). Give --time-budget to size the model "
+                "for your time and data"]
     else:
         head = [_length_reason(length, hw, plan.num_devices), _data_reason(length)]
         head += why if sized else ["model: given (its flags or a base run): the plan fits its batch and rate"]

@@ -18,7 +18,7 @@ from .errors import TinyLMError, path_to_read
 from .flags import DATA_FLAGS, MODEL_FLAGS, MODEL_RENAMES, SHAPE_FLAGS, TOKENIZER_FLAGS, TRAIN_FLAGS, given_flags
 from .model import PRECISIONS, ModelConfig
 from .model_size import Length, bytes_per_token_guess
-from .profiles import Plan, match_hardware, plan_run, steps_per_call_dividing
+from .profiles import Plan, default_time_budget, match_hardware, plan_run, steps_per_call_dividing
 from .run import recorded_model
 from .run_folder import RunConfig, check_continued_model, check_continued_optimizer
 from .sizing import PRESETS, preset_config, target_config
@@ -261,7 +261,7 @@ def apply_profile(args, saved: dict, init) -> Plan | None:
         print(f"note: --profile {plan.profile} plans for a {plan.device}, but this run is on {kind}")
     return plan
 
-_DECIDED = (*_PLANNED, *_SIZED, "epochs", "model_preset")  # every flag the plan may fill in
+_DECIDED = (*_PLANNED, *_SIZED, "epochs", "time_budget")  # every flag the plan may fill in
 
 def decide(args, init) -> Plan:
     ("The one decision of a new run's settings (`args` read, never written): the flags given win, the plan fills in "
@@ -287,7 +287,10 @@ def describe_settings(plan: Plan) -> str:
 def _plan_into(args, init) -> Plan:
     "`decide`'s steps, writing the plan's picks into `args` (a copy) as each next step reads them."
     vocab, sizing = planned_vocab(args, init), _sizes_the_model(args, init)
-    length = planned_length(args, vocab)
+    no_length = all(getattr(args, name, None) is None for name in ("time_budget", "max_steps", "epochs"))
+    if sizing and no_length and (default := default_time_budget(args.profile or "auto")) is not None:
+        args.time_budget = default  # an accelerator's first run: sized for a default time, like any other
+    length = replace(planned_length(args, vocab), default=sizing and no_length and args.time_budget is not None)
     devices = getattr(args, "devices", None)  # a named profile's slice (plan, compile); None: one, or this machine's
     plan = plan_run(args.profile or "auto", vocab, num_devices=devices, length=length if sizing else Length())
     given = tuple(given_flags(args, _PLANNED))
