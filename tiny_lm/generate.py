@@ -270,6 +270,27 @@ def _take(texts: list, tokens_BN: np.ndarray, new_BK, n: int, k: int, eot: int |
                 text.end() if token == eot else text.add(token)
     return n
 
+def _window(tokens_BN: np.ndarray, start: int, n: int, T: int, padded: bool) -> np.ndarray:
+    "The window so far, tokens `start` to `n`: `[B, T]` (the reference), or padded to a power of two (a prefill)."
+    width = min(T, max(16, 1 << (n - start - 1).bit_length())) if padded else T
+    window_BT = np.zeros((len(tokens_BN), width), np.int32)
+    window_BT[:, :n - start] = tokens_BN[:, start:n]
+    return window_BT
+
+def _samples(tokenizer: Tokenizer, prompt: str, T: int, B: int, max_new_tokens: int, stop: Sequence[str],
+             on_text: Callable[[int, str], None] | None) -> tuple[int, np.ndarray, list]:
+    "The prompt's length, its ids in each of `B` rows with room for the new tokens, and one `_Text` per sample."
+    ids = _prompt_ids(tokenizer, prompt, T)
+    tokens_BN = np.zeros((B, len(ids) + max_new_tokens), np.int32)
+    tokens_BN[:, :len(ids)] = ids
+    texts = [_Text(tokenizer, tuple(s for s in stop if s), on_text and partial(on_text, i)) for i in range(B)]
+    return len(ids), tokens_BN, texts
+
+def _chunk(n: int, end: int, start: int, T: int, known: bool) -> int:
+    "Tokens the next decode call makes: as many as the window holds, at most DECODE_CHUNK (a power of two if `known`)."
+    k = min(DECODE_CHUNK, end - n, T - (n - start) + 1)
+    return 1 << (k.bit_length() - 1) if known else k  # powers of two: five programs at most
+
 def generate_batch(
     model: Transformer, tokenizer: Tokenizer, prompt: str = "",
     num_samples: int = 1,  # samples of the prompt, generated as one batch
@@ -286,31 +307,23 @@ def generate_batch(
     "`num_samples` continuations of the prompt, each the prompt followed by up to `max_new_tokens` sampled tokens."
     check_sampling(temperature, top_k, top_p, max_new_tokens, num_samples)
     T, B, eot = model.cfg.seq_len, num_samples, _end_of_text(tokenizer, stop_at_eot)
-    ids = _prompt_ids(tokenizer, prompt, T)
-    tokens_BN = np.zeros((B, len(ids) + max_new_tokens), np.int32)
-    tokens_BN[:, :len(ids)] = ids
-    texts = [_Text(tokenizer, tuple(s for s in stop if s), on_text and partial(on_text, i)) for i in range(B)]
+    n, tokens_BN, texts = _samples(tokenizer, prompt, T, B, max_new_tokens, stop, on_text)
     graphdef, state = nnx.split(model)
     state, put, rows = _placement(state, B)
     mesh, (state, treedef) = mesh_of(state), jax.tree.flatten(state)
     known = known_length()  # the decode loop's length fixed when it compiles (off a CPU)
     weights_step, prefill_step, decode_steps, reference_step = _steps(graphdef, treedef, mesh, known)
-    if use_cache:  # cast and sliced once: every prefill and decode call reads them
-        state, layers = weights_step(state)
+    state, layers = weights_step(state) if use_cache else (state, None)  # cast and sliced once for every call
     mode, key, start, kv_L = sampling_mode(temperature, top_k, top_p), jax.random.key(seed), 0, None
-    n, end = len(ids), len(ids) + max_new_tokens
+    end = n + max_new_tokens
     while n < end and not all(t.done for t in texts):
         start, jumped = _window_start(start, n, T), n - start > T
-        if use_cache and kv_L is not None and not jumped:
-            # decode: as many tokens as fit in the window, a chunk per call
-            k = min(DECODE_CHUNK, end - n, T - (n - start) + 1)
-            k = 1 << (k.bit_length() - 1) if known else k  # a power of two: five programs at most
+        if use_cache and kv_L is not None and not jumped:  # decode: a chunk of tokens per call
+            k = _chunk(n, end, start, T, known)
             new_BK, kv_L = decode_steps(state, layers, kv_L, put(tokens_BN[:, n - 1]), n - 1 - start, key, n, k,
                                         temperature, top_p, **mode)
         else:  # the whole window: the reference step, or a prefill (padded to a power of two: a few compilations)
-            window_BT = np.zeros((B, T if not use_cache else min(T, max(16, 1 << (n - start - 1).bit_length()))),
-                                 np.int32)
-            window_BT[:, :n - start] = tokens_BN[:, start:n]
+            window_BT = _window(tokens_BN, start, n, T, padded=use_cache)
             if use_cache:
                 new_B, kv_L = prefill_step(state, init_cache(model.cfg, B, rows), put(window_BT), n - 1 - start, key,
                                            n, temperature, top_p, **mode)
