@@ -272,7 +272,7 @@ def decide(args, init) -> Plan:
     def source(name: str) -> str:
         planned = getattr(flags, name) != getattr(args, name)  # filled in where the flag was left unset
         return "given" if given_flags(args, [name]) else "planned" if planned else "default"
-    settings = tuple((name, getattr(flags, name), source(name)) for name in dict.fromkeys(_DECIDED))
+    settings = tuple((name, getattr(flags, name), source(name)) for name in _DECIDED)
     return replace(plan, settings=settings)
 
 def describe_settings(plan: Plan) -> str:
@@ -288,9 +288,10 @@ def _plan_into(args, init) -> Plan:
     "`decide`'s steps, writing the plan's picks into `args` (a copy) as each next step reads them."
     vocab, sizing = planned_vocab(args, init), _sizes_the_model(args, init)
     no_length = all(getattr(args, name, None) is None for name in ("time_budget", "max_steps", "epochs"))
-    if sizing and no_length and (default := default_time_budget(args.profile or "auto")) is not None:
-        args.time_budget = default  # an accelerator's first run: sized for a default time, like any other
-    length = replace(planned_length(args, vocab), default=sizing and no_length and args.time_budget is not None)
+    default = default_time_budget(args.profile or "auto") if sizing and no_length else None
+    if default is not None:  # an accelerator's first run: sized for a default time, like any other
+        args.time_budget = default
+    length = replace(planned_length(args, vocab), default=default is not None)
     devices = getattr(args, "devices", None)  # a named profile's slice (plan, compile); None: one, or this machine's
     plan = plan_run(args.profile or "auto", vocab, num_devices=devices, length=length if sizing else Length())
     given = tuple(given_flags(args, _PLANNED))
