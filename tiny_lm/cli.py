@@ -5,6 +5,7 @@
 # %% ../nbs/09_cli.ipynb #10f1ff21
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -34,15 +35,16 @@ from .profiles import HARDWARE, Hardware, Plan, device_memory
 from .run import Trainer, duration, recorded_model
 from .run_folder import check_run_folder, resolve_resume, saved_run
 from .score import evaluate_text
+from .search import describe_search, plan_search, run_search, search_report
 from .settings import (apply_profile, base_run_of, check_size_flags, check_tokenizer_flags, configs_from_args,
                               describe_settings, model_from_args, planned_vocab, precision_of, run_config_from_args)
 from .sizing import param_count, size_report
 from .train import Interrupted
 
 # %% auto #0
-__all__ = ['COMMANDS', 'run_train', 'plan_report', 'run_plan', 'compile_target', 'compiled_run', 'check_compiled_fits',
-           'run_compile', 'result_checkpoint', 'run_generate', 'run_eval', 'run_export', 'run_inspect', 'run_size',
-           'run_bench', 'main']
+__all__ = ['COMMANDS', 'run_train', 'train_from_flags', 'plan_report', 'run_plan', 'compile_target', 'compiled_run',
+           'check_compiled_fits', 'run_compile', 'result_checkpoint', 'run_generate', 'run_eval', 'run_export',
+           'run_inspect', 'run_size', 'run_bench', 'main']
 
 # %% ../nbs/09_cli.ipynb #022656a3
 def run_train(args) -> dict:
@@ -51,12 +53,26 @@ def run_train(args) -> dict:
     distributed = initialize_distributed(args.coordinator_address, args.num_processes, args.process_id,
                                          args.coordinator_timeout)
     split_cpu(args.cpu_devices, distributed)
+    return train_from_flags(args, started)
+
+def train_from_flags(args, started: float, search: bool = True) -> dict:
+    ("A run of the parsed flags, its time budget counted from `started`: one planned run, or where the plan leaves "
+     "most of a time budget unused and `search`, several candidates in it (08f_search's `run_search`).")
     run = resolve_resume(run_config_from_args(args))
     args.init_from = run.init_from  # None when the same fine-tune runs again: it continues from its own checkpoints
     saved, resume_root = saved_run(run.resume_from, run.cloud)
     configs_from_args(args, saved)  # checked before the profile fills in the rest
     init = base_run_of(args)
+    given = argparse.Namespace(**vars(args))  # as given: a search plans each candidate from these
     plan = apply_profile(args, saved, init)
+    found = plan_search(given, plan, init) if search else None
+    if found is not None:  # the plan's lines say whether it searches, and why
+        plan = replace(plan, reasons=(*plan.reasons, found.reason))
+    if found is not None and found.trials:
+        print(plan.describe())
+        print(describe_search(found))
+        again = lambda flags: train_from_flags(flags, time.perf_counter(), search=False)
+        return run_search(given, init, found, again, started)
     data_cfg, tok_cfg, _, train_cfg = configs_from_args(args, saved)
     if args.mesh is not None:
         parse_mesh(args.mesh, mesh_devices(train_cfg.batch_size))  # a wrong mesh fails now, not after the tokenizer
@@ -96,10 +112,13 @@ def run_plan(args) -> dict:
     check_run_folder(args.output_dir)  # and the folder it would write
     configs_from_args(args, {})
     init = base_run_of(args)
+    given = argparse.Namespace(**vars(args))  # as given: a search plans each candidate from these
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():  # notes: not the JSON
         plan = apply_profile(args, {}, init)
+        found = plan_search(given, plan, init)
+    plan = plan if found is None else replace(plan, reasons=(*plan.reasons, found.reason))
     model = model_from_args(args, planned_vocab(args, init), base=recorded_model({}, init))
-    report = plan_report(plan, model, args)
+    report = plan_report(plan, model, args) | ({"search": search_report(found)} if found else {})
     if committed_steps(args.output_dir) and not args.overwrite:
         print(f"note: {args.output_dir} holds a run: tiny-lm train with these flags would continue it with its own "
               "settings; this is the plan for a new run there (--overwrite) or in another --output-dir")
@@ -107,7 +126,8 @@ def run_plan(args) -> dict:
         check_compiler(hw)
         report["compiled"] = compiled_run(args, model, hw, generate=False)
     print(json.dumps(report, indent=2) if args.json else
-          "\n".join([plan.describe(), describe_settings(plan),
+          "\n".join([plan.describe(), *([describe_search(found)] if found and found.trials else []),
+                     describe_settings(plan),
                      *([describe_compiled(report["compiled"])] if hw else [])]))
     if hw is not None:
         check_compiled_fits(report["compiled"], hw)

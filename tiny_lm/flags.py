@@ -160,8 +160,8 @@ def _train_parser(sub, name: str = "train", summary: str = "train a model (defau
     p = sub.add_parser(name, help=summary)
     groups = [p.add_argument_group(title) for title in ("data", "tokenizer", "model", "training")]
     for group, flags in zip(groups, (DATA_FLAGS, TOKENIZER_FLAGS, MODEL_FLAGS, TRAIN_FLAGS)):
-        for name, typ in flags.items():
-            group.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=_HELP[name])
+        for flag, typ in flags.items():
+            group.add_argument("--" + flag.replace("_", "-"), type=typ, default=None, help=_HELP[flag])
     d, t, m, _ = groups
     d.add_argument("--use-streaming", dest="streaming", action="store_const", const=True, default=None,
                    help="stream the data: start at once, any corpus size (default: on for hub ids and local sources "
@@ -179,7 +179,15 @@ def _train_parser(sub, name: str = "train", summary: str = "train a model (defau
     _precision_flags(m, "the --profile's, which is auto")
     for add in (_output_flags, _fine_tuning_flags, _device_flags, _copy_flags):
         add(p)
+    if name in ("train", "plan"):
+        _search_flag(p)
     return p
+
+def _search_flag(p) -> None:
+    p.add_argument("--no-search", action="store_true", help="train the planned model alone even where its run would "
+                   "take under a third of --time-budget (default: off: there, candidates around it, its neighbouring "
+                   "sizes and other dropout, learning rates and weight decay, train in the budget and the one with "
+                   "the lowest validation loss is the result; nbs/08f_search)")
 
 def _plan_parser(sub) -> None:
     p = _train_parser(sub, "plan", "print the plan tiny-lm train follows with the same flags (the model sized for the "

@@ -25,8 +25,8 @@ from .target import target_device, target_platform
 __all__ = ['ATTENTION_KERNELS', 'REMAT', 'MATRICES', 'EMBEDDINGS', 'PRECISIONS', 'ModelConfig', 'Normed', 'folding_norm',
            'folded_product', 'Linear', 'rope_angles', 'apply_rope', 'attention_implementation', 'describe_attention',
            'splash_attention', 'mesh_of', 'on_mesh', 'causal_attention', 'cached_attention', 'Attention', 'MLP',
-           'activation_for_backward', 'Block', 'Transformer', 'compute_copy', 'count_params', 'default_precision',
-           'add_lora', 'merge_lora']
+           'activation_for_backward', 'Dropout', 'Block', 'Transformer', 'compute_copy', 'count_params',
+           'default_precision', 'add_lora', 'merge_lora']
 
 # %% ../nbs/01_model.ipynb #d9d47904
 @dataclass(frozen=True)
@@ -417,12 +417,23 @@ def _split(key: jax.Array | None, n: int) -> list:
     "`n` independent keys from `key` (None: n Nones, dropout off)."
     return [None] * n if key is None else list(jax.random.split(key, n))
 
+class Dropout(nnx.Dropout):
+    ("`nnx.Dropout`, or with `keep` set (a traced value: candidates trained side by side each at its own rate, "
+     "04d_stack) the same masks and scaling at that keep probability.")
+    keep: jax.Array | None = None
+
+    def __call__(self, inputs: jax.Array, *, deterministic: bool | None = None, rngs=None) -> jax.Array:
+        if self.keep is None or deterministic:
+            return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
+        mask = jax.random.bernoulli(rngs, p=self.keep, shape=inputs.shape)
+        return jax.lax.select(mask, inputs / self.keep.astype(inputs.dtype), jnp.zeros_like(inputs))
+
 class Block(nnx.Module):
     "One pre-norm Transformer block: attention then MLP, each added to the residual stream."
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.attn_norm, self.attn = _norm(cfg, rngs), Attention(cfg, rngs=rngs)
         self.mlp_norm, self.mlp = _norm(cfg, rngs), MLP(cfg, rngs=rngs)
-        self.dropout = nnx.Dropout(cfg.dropout_rate)  # no random state of its own: keys come with the call
+        self.dropout = Dropout(cfg.dropout_rate)  # no random state of its own: keys come with the call
 
     def __call__(self, x_BTD: jax.Array, rope_TK, dropout_key: jax.Array | None = None, cache: dict | None = None,
                  start=0) -> tuple[jax.Array, dict | None]:
@@ -494,7 +505,7 @@ class Transformer(_Ends, nnx.Module):
         head_cfg = replace(cfg, lora_rank=0)  # adapters go on attention and the MLP, not on an untied output layer
         head_init = nnx.initializers.zeros_init() if cfg.zero_init else None
         self.lm_head = None if cfg.tie_embeddings else Linear(cfg.d_model, cfg.vocab_size, head_cfg, rngs, head_init)
-        self.dropout = nnx.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
 
     def __call__(self, tokens_BT: jax.Array, dropout_key: jax.Array | None = None, remat: str = "none") -> jax.Array:
         "Logits; dropout is applied only when a `dropout_key` is given (training)."

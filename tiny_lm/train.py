@@ -38,8 +38,9 @@ from .train_log import TrainLog
 
 # %% auto #0
 __all__ = ['DROPOUT_STREAM', 'COMPILE_CACHE', 'decay_mask', 'muon_dimensions', 'make_optimizer', 'clip_or_skip', 'init_model',
-           'set_schedule', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache', 'make_eval_step',
-           'evaluate', 'Interrupted', 'stop_signals', 'Reporting', 'RunEnd', 'budget_optimizer', 'fit']
+           'set_schedule', 'loss_and_grads', 'dropout_key', 'make_train_step', 'steps_in_one_call', 'use_compile_cache',
+           'make_eval_step', 'evaluate', 'Interrupted', 'stop_signals', 'Reporting', 'RunEnd', 'budget_optimizer',
+           'fit']
 
 # %% ../nbs/04c_train.ipynb #849dccab
 def decay_mask(params) -> object:
@@ -109,16 +110,15 @@ def set_schedule(optimizer: nnx.Optimizer, cfg: TrainConfig, schedule: dict) -> 
     "Give `optimizer` the rates of `schedule` (a resumed run's): the state does not depend on them, so it stays valid."
     optimizer.tx = make_optimizer(cfg, schedule["total_steps"], schedule)
 
-
 # %% ../nbs/04c_train.ipynb #747c79a7
-def _grads(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None, *, accum_steps: int = 1,
-           wrt=nnx.Param, remat: str = "none"):
+def loss_and_grads(model: Transformer, batch_BT: jax.Array, dropout_key: jax.Array | None = None, *,
+                   accum_steps: int = 1, wrt=nnx.Param, remat: str = "none"):
     """Mean loss and gradients (of the `wrt` parameters) over `accum_steps` micro-batches of `batch_BT`, the embeddings
     cast to the compute dtype once (`compute_copy`: a tied embedding's two gradients then add up in one table)."""
     graphdef, params, rest = nnx.split(model, wrt, ...)
-    dtype = model.cfg.dtype
     def loss_of(params, b, key):
-        return loss_fn(nnx.merge(graphdef, compute_copy(params, dtype, EMBEDDINGS), rest), b, key, remat=remat)
+        cast = compute_copy(params, model.cfg.dtype, EMBEDDINGS)
+        return loss_fn(nnx.merge(graphdef, cast, rest), b, key, remat=remat)
     grad_fn = jax.value_and_grad(loss_of)
     if accum_steps == 1:
         return grad_fn(params, batch_BT, dropout_key)
@@ -148,7 +148,7 @@ def make_train_step(model: Transformer, optimizer: nnx.Optimizer, accum_steps: i
      "decay given as data, `step(state, batch_BT, decay)`; starting the decay then compiles nothing.")
     graphdef, state = nnx.split((model, optimizer))
     use_dropout = model.cfg.dropout_rate > 0
-    grads_fn = partial(_grads, accum_steps=accum_steps, wrt=optimizer.wrt, remat=remat)
+    grads_fn = partial(loss_and_grads, accum_steps=accum_steps, wrt=optimizer.wrt, remat=remat)
     if not use_dropout:  # every device the same masks would not be the one-device run's: dropout keeps the plain step
         grads_fn = one_all_reduce(grads_fn, nnx.state(model), accum_steps, platform)
     layout = mesh_of(state)  # the splash kernel's shard_map needs it while tracing
