@@ -24,9 +24,9 @@ from .settings import TOKENIZER_TRAINING, decide, planned_vocab
 from .train_config import TrainConfig
 
 # %% auto #0
-__all__ = ['SEARCH_SHARE', 'SIZE_STEPS', 'DROPOUT_LEVELS', 'RATE_SCALES', 'DECAY_LEVELS', 'LEFT_OVER', 'CUT_SHARE', 'Trial',
-           'price', 'Search', 'plan_search', 'describe_search', 'search_figure', 'describe_results', 'run_search',
-           'search_report']
+__all__ = ['SEARCH_SHARE', 'SIZE_STEPS', 'DROPOUT_LEVELS', 'RATE_SCALES', 'DECAY_LEVELS', 'SETUP_GUESS', 'LEFT_OVER', 'CUT_SHARE',
+           'Trial', 'price', 'Search', 'plan_search', 'describe_search', 'search_figure', 'describe_results',
+           'run_search', 'search_report']
 
 # %% ../nbs/08f_search.ipynb #0e997e9b
 SEARCH_SHARE = 1 / 3  # a plan searches where its one run would take less than this share of the time budget
@@ -34,6 +34,9 @@ SIZE_STEPS = (0, -1, 1, 2, 3)  # the sizes tried first: steps along the plan's l
 DROPOUT_LEVELS = (0.0, 0.1, 0.2, 0.3)  # then the best size with each dropout it did not train with
 RATE_SCALES = (0.5, 2.0)  # its learning rate halved and doubled
 DECAY_LEVELS = (0.0, 0.3)  # its weight decay (0.1 by default) off and tripled
+# seconds a candidate takes beyond its steps (compiling, reading the data, the final scoring), guessed until the first
+# has measured it: 8 to 19 s on a 2-core CPU for the presets up to tiny; compiling for an accelerator takes longer
+SETUP_GUESS = {"cpu": 10.0, "accelerator": 30.0}
 
 @dataclass(frozen=True)
 class Trial:
@@ -42,8 +45,9 @@ class Trial:
     flags: dict  # flag -> value: the model (a preset, or a shape), dropout_rate, learning_rate, weight_decay, epochs
     label: str  # the candidate in words
     params: int
-    seconds: float  # the plan's wall time for it, setting up and evaluating included
+    seconds: float  # the plan's wall time for it: its steps and evaluations, and `setup`
     values: dict  # what it trains with: dropout_rate, learning_rate, weight_decay
+    setup: float = 0.0  # of `seconds`, the guess at compiling and setting up (SETUP_GUESS)
 
 # %% ../nbs/08f_search.ipynb #608f1f88
 def _model_flags(cfg: ModelConfig) -> dict:
@@ -72,10 +76,10 @@ def price(args, init, flags: dict, name: str) -> tuple[Trial, Plan]:
     decay = args.weight_decay if args.weight_decay is not None else TrainConfig().weight_decay
     values = {"dropout_rate": decided["dropout_rate"] or 0.0, "learning_rate": decided["learning_rate"],
               "weight_decay": flags.get("weight_decay", decay)}
-    cfg = plan.model_config(planned_vocab(args, init))
-    speed = plan_speed(HARDWARE.get(plan.profile), plan.num_devices)
-    seconds = seconds_for(cfg, plan.tokens, speed, plan.tokens / plan.steps)
-    return Trial(name, flags, _label(plan, values), plan.params, seconds, values)
+    cfg, hw = plan.model_config(planned_vocab(args, init)), HARDWARE.get(plan.profile)
+    steps = seconds_for(cfg, plan.tokens, plan_speed(hw, plan.num_devices), plan.tokens / plan.steps)
+    setup = SETUP_GUESS["cpu" if hw is None else "accelerator"]
+    return Trial(name, flags, _label(plan, values), plan.params, steps + setup, values, setup)
 
 # %% ../nbs/08f_search.ipynb #f772020d
 @dataclass(frozen=True)
@@ -174,10 +178,14 @@ def describe_search(search: Search) -> str:
 # %% ../nbs/08f_search.ipynb #dcace883
 LEFT_OVER = 1 - LANDING[0]  # a search stops with less than this share of its budget left (the budget's landing)
 
-def _pace(done: list[dict]) -> float:
-    "How much longer the finished candidates took than planned (compiling and setting up are not in the plan): 1 first."
-    planned = sum(r["planned_seconds"] for r in done)
-    return sum(r["seconds"] for r in done) / planned if planned else 1.0
+def _overhead(done: list[dict]) -> float:
+    ("The seconds the finished candidates took beyond their steps' plan, on average: compiling, reading the data, "
+     "the final scoring (about the same for each).")
+    return max(0.0, sum(r["seconds"] - r["steps_seconds"] for r in done) / len(done))
+
+def _expected(trial: Trial, done: list[dict]) -> float:
+    "The wall time `trial` will take: its plan, with the setting up the finished candidates measured (if any)."
+    return trial.seconds - trial.setup + _overhead(done) if done else trial.seconds
 
 def _best(done: list[dict]) -> dict:
     "The candidate with the lowest validation loss (the smaller on a tie)."
@@ -195,26 +203,34 @@ def _key(trial: Trial) -> str:
     "What a candidate trains: its flags and the settings they come to (a rate given or planned is one candidate)."
     return json.dumps(trial.flags | trial.values, sort_keys=True)
 
+def _to_the_end(trial: Trial) -> Trial:
+    "`trial` trained until the budget ends, past its passes (its best checkpoint by validation is its result)."
+    return replace(trial, flags=trial.flags | {"epochs": None}, label=f"{trial.label}, to the budget's end")
+
 def _schedule(args, init, search: Search, done: list[dict], started: float) -> Iterator[tuple[Trial, float]]:
     ("Each next candidate and its time budget (the rest of the run's): the sizes, then rounds of settings varied "
-     "around the best so far while a round trains any; a candidate that would not end in the time left is left out, "
-     "and the first one left out trains by the clock at the end where the rest would go unused.")
+     "around the best so far while a round trains any; a candidate that would not end in the time left is left out. "
+     "The one after which no candidate would fit trains to the budget's end; failing that, the first left out does.")
     budget, skipped, tried, names = args.time_budget, None, set(), itertools.count(1)
     left = lambda: budget - (time.perf_counter() - started)
-    queue = list(search.sizes)
+    queue, cheapest = list(search.sizes), min(search.sizes, key=lambda t: t.seconds)
     while queue:
         trained = False
         for trial in queue:
             tried.add(_key(trial))
             if left() < LEFT_OVER * budget:
                 return
-            if trial.seconds * _pace(done) <= BUDGET_AIM * left():
-                yield trial, left()
+            if (expected := _expected(trial, done)) <= BUDGET_AIM * left():
+                last = left() - expected < _expected(cheapest, done)  # nothing would fit after it
+                yield (_to_the_end(trial) if last else trial), left()
                 trained = True
+                if last:
+                    return
             else:
                 skipped = skipped or trial
         queue = _around_best(args, init, done, tried, names) if trained else []
-    if skipped is not None and left() >= max(LEFT_OVER * budget, CUT_SHARE * skipped.seconds * _pace(done)):
+    steps = skipped and skipped.seconds - skipped.setup  # its setting up whole, and a share of its steps
+    if skipped is not None and left() >= max(LEFT_OVER * budget, _overhead(done) + CUT_SHARE * steps):
         yield skipped, left()  # the clock ends it: its learning rate decays by the clock
 
 def _trial_args(args, trial: Trial, root: Path, budget: float, done: list[dict]) -> argparse.Namespace:
@@ -228,7 +244,8 @@ def _trial_args(args, trial: Trial, root: Path, budget: float, done: list[dict])
 def _result(trial: Trial, summary: dict, seconds: float) -> dict:
     "A candidate's line of `search.json`: what it was, what the plan expected, what it scored."
     return {"name": trial.name, "label": trial.label, "flags": trial.flags, "values": trial.values,
-            "params": trial.params, "planned_seconds": trial.seconds, "seconds": seconds,
+            "params": trial.params, "planned_seconds": trial.seconds, "steps_seconds": trial.seconds - trial.setup,
+            "seconds": seconds,
             "val_loss": summary.get("best_loss"), "val_bpb": summary.get("final_val_bpb"),
             "steps": summary.get("total_steps"), "epochs": summary.get("epochs"),
             "result_step": summary.get("result_step")}
