@@ -188,6 +188,8 @@ def _search_flag(p) -> None:
                    "take under a third of --time-budget (default: off: there, candidates around it, its neighbouring "
                    "sizes and other dropout, learning rates and weight decay, train in the budget and the one with "
                    "the lowest validation loss is the result; nbs/08f_search)")
+    p.add_argument("--max-candidates", type=int, default=None, help="where the run searches: train at most this "
+                   "many candidates, then stop, the rest of the budget unused (default: as many as fit the budget)")
 
 def _plan_parser(sub) -> None:
     p = _train_parser(sub, "plan", "print the plan tiny-lm train follows with the same flags (the model sized for the "
@@ -493,7 +495,7 @@ FLAG_RANGES = {  # every numeric flag of every command; "command flag" keys over
                      "gradient_accumulation_steps", "eval_every", "eval_batches", "log_every", "save_every",
                      "max_skipped_steps", "keep_checkpoints", "steps_per_call", "target_params", "cpu_devices",
                      "num_processes", "coordinator_timeout", "num_samples", "max_examples", "tokens", "steps",
-                     "vocab_size", "devices"],
+                     "vocab_size", "devices", "max_candidates"],
                     at_least(1)),
     **dict.fromkeys(["num_workers", "warmup_steps", "weight_decay", "grad_clip", "save_every_minutes", "seed",
                      "sample_tokens", "eval_sample_tokens", "process_id", "max_tokens", "temperature", "top_k"],

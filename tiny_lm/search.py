@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import jax
 
 from .budget import BUDGET_AIM, LANDING
+from .errors import TinyLMError
 from .flags import SHAPE_FLAGS, given_flags
 from .model import ModelConfig
 from .model_size import millions, model_ladder, preset_named, seconds_for, time_words
@@ -101,6 +102,8 @@ def _why_not(args, plan: Plan | None, init) -> str | None:
     "Why a run with a time budget trains its planned model alone (a line for the plan), or None where it searches."
     if getattr(args, "no_search", False):
         return "search: off (--no-search): the planned model trains alone"
+    if getattr(args, "max_candidates", None) == 1:
+        return "search: off (--max-candidates 1): the planned model trains alone"
     if init is not None:
         return "search: none: a fine-tune trains its base run's model alone"
     if jax.process_count() > 1:
@@ -148,6 +151,9 @@ def _fitting(trials: list[Trial], seconds: float) -> list[Trial]:
 def plan_search(args, plan: Plan | None, init) -> Search | None:
     ("What a run searches in its time budget (`args`: its flags as given, before the plan filled them in): None "
      "without a budget or a plan; else the candidates that fit in it, or why there are none.")
+    if getattr(args, "max_candidates", None) and (args.no_search or not args.time_budget):
+        raise TinyLMError("--max-candidates limits a search, which needs --time-budget and no --no-search: "
+                          "leave --max-candidates out, or give a budget")
     if plan is None or not args.time_budget:
         return None
     if reason := _why_not(args, plan, init):
@@ -158,10 +164,11 @@ def plan_search(args, plan: Plan | None, init) -> Search | None:
     if pick.seconds > SEARCH_SHARE * budget:
         return Search((), (), f"search: none: the planned run takes about {time_words(pick.seconds)} of the "
                       f"{time_words(budget)} budget, over {SEARCH_SHARE:.0%} of it: it trains alone")
-    kept = _fitting(sizes, budget)
+    most = getattr(args, "max_candidates", None) or len(sizes) + 100  # --max-candidates, else the budget alone
+    kept = _fitting(sizes, budget)[:most]
     variants = [price(args, init, flags, f"v{i + 1}") for i, flags in
                 enumerate(_variant_flags(args, pick.flags, pick.values))]
-    more = _fitting(variants, budget - sum(t.seconds for t in kept))
+    more = _fitting(variants, budget - sum(t.seconds for t in kept))[:most - len(kept)]
     what = f"{len(kept)} sizes around the pick" if len(kept) > 1 else "the model"
     passes = args.epochs or plan.epochs_limit
     return Search(tuple(kept), tuple(more), f"search: the planned run takes about {time_words(pick.seconds)} of the "
@@ -319,7 +326,7 @@ def run_search(args, init, search: Search, train: Callable[[argparse.Namespace],
     out = Path(args.output_dir)
     root, done = out / "search", []
     _start_afresh(root, say)
-    for trial, budget in _schedule(args, init, search, done, started):
+    for trial, budget in itertools.islice(_schedule(args, init, search, done, started), args.max_candidates):
         say(f"search: candidate {len(done) + 1}, {trial.name}: {trial.label}, planned {time_words(trial.seconds)}")
         began = time.perf_counter()
         summary = train(_trial_args(args, trial, root, budget, done))
