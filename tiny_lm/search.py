@@ -238,7 +238,7 @@ def _schedule(args, init, search: Search, done: list[dict], started: float) -> I
         queue = _around_best(args, init, done, tried, names) if trained else []
     steps = skipped and skipped.seconds - skipped.setup  # its setting up whole, and a share of its steps
     if skipped is not None and left() >= max(LEFT_OVER * budget, _overhead(done) + CUT_SHARE * steps):
-        yield skipped, left()  # the clock ends it: its learning rate decays by the clock
+        yield _to_the_end(skipped), left()  # the clock ends it: its learning rate decays by the clock
 
 def _trial_args(args, trial: Trial, root: Path, budget: float, done: list[dict]) -> argparse.Namespace:
     ("The flags a candidate trains with: the run's as given, the candidate's, its folder and time budget; after the "
