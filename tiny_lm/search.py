@@ -17,11 +17,10 @@ import jax
 
 from .budget import BUDGET_AIM, LANDING
 from .errors import TinyLMError
-from .flags import SHAPE_FLAGS, given_flags
 from .model import ModelConfig
 from .model_size import millions, model_ladder, preset_named, seconds_for, time_words
 from .profiles import HARDWARE, Plan, choose_learning_rate, plan_speed
-from .settings import TOKENIZER_TRAINING, decide, planned_vocab
+from .settings import TOKENIZER_TRAINING, decide, planned_vocab, sizes_the_model
 from .train_config import TrainConfig
 
 # %% auto #0
@@ -69,7 +68,7 @@ def _label(plan: Plan, values: dict) -> str:
     return (f"{model} ({millions(plan.params)}), dropout {values['dropout_rate']:g}, "
             f"rate {values['learning_rate']:.3g}, decay {values['weight_decay']:g}")
 
-def price(args, init, flags: dict, name: str) -> tuple[Trial, Plan]:
+def price(args, init, flags: dict, name: str) -> Trial:
     ("The candidate `flags` set over the run's flags `args` (a new run's, as given), with the plan's estimate of its "
      "wall time: its own plan (`decide`), its steps at the speed the plan expects of the device.")
     plan = decide(_with_flags(args, flags), init)
@@ -94,10 +93,6 @@ class Search:
     def trials(self) -> tuple[Trial, ...]:
         return self.sizes + self.variants
 
-def _sized(args, init) -> bool:
-    "Whether the plan sizes the model (no size or shape flag, no base run): a search then tries sizes around it."
-    return init is None and not given_flags(args, ("model_preset", "target_params", *SHAPE_FLAGS))
-
 def _why_not(args, plan: Plan | None, init) -> str | None:
     "Why a run with a time budget trains its planned model alone (a line for the plan), or None where it searches."
     if getattr(args, "no_search", False):
@@ -119,7 +114,7 @@ def _why_not(args, plan: Plan | None, init) -> str | None:
 def _size_flags(args, plan: Plan, init) -> list[dict]:
     "The flags of each size a search tries: the pick, then its neighbours on the plan's ladder (or the given model)."
     base = {"epochs": args.epochs or plan.epochs_limit}
-    if not _sized(args, init):
+    if not sizes_the_model(args, init):  # a size or shape given: the search keeps it
         return [base]
     ladder = model_ladder(planned_vocab(args, init), args.seq_len)
     shape = lambda c: (c.d_model, c.n_layer, c.d_ff)

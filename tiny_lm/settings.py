@@ -28,7 +28,7 @@ from .train_config import TrainConfig
 # %% auto #0
 __all__ = ['TOKENIZER_TRAINING', 'precision_of', 'check_size_flags', 'model_from_args', 'configs_from_args',
            'check_tokenizer_flags', 'base_run_of', 'run_config_from_args', 'planned_vocab', 'planned_length',
-           'apply_profile', 'decide', 'describe_settings']
+           'sizes_the_model', 'apply_profile', 'decide', 'describe_settings']
 
 # %% ../nbs/08e_settings.ipynb #8ac95d4f
 def precision_of(args) -> str | None:
@@ -229,7 +229,7 @@ def planned_length(args, vocab_size: int) -> Length:
     return Length(args.time_budget, args.max_steps, args.epochs, source and source.size_bytes, per_token, measured,
                   args.seq_len, args.batch_size, args.gradient_accumulation_steps)
 
-def _sizes_the_model(args, init) -> bool:
+def sizes_the_model(args, init) -> bool:
     "Whether the plan sizes the model: a new model with no size or shape flag given."
     shape = ("model_preset", "target_params", *SHAPE_FLAGS)
     return init is None and not given_flags(args, shape)
@@ -286,7 +286,7 @@ def describe_settings(plan: Plan) -> str:
 
 def _plan_into(args, init) -> Plan:
     "`decide`'s steps, writing the plan's picks into `args` (a copy) as each next step reads them."
-    vocab, sizing = planned_vocab(args, init), _sizes_the_model(args, init)
+    vocab, sizing = planned_vocab(args, init), sizes_the_model(args, init)
     no_length = all(getattr(args, name, None) is None for name in ("time_budget", "max_steps", "epochs"))
     default = default_time_budget(args.profile or "auto") if sizing and no_length else None
     if default is not None:  # an accelerator's first run: sized for a default time, like any other
