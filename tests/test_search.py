@@ -1,7 +1,8 @@
 """`tiny-lm train` searching inside its time budget (nbs/08f_search), end to end: the candidates it lists train one
-after another (the second on the first one's tokenizer), the best by validation loss becomes the run, and the run's
-commands read it. `--max-candidates 2` keeps it to two candidates whatever this machine's speed; that a search fills
-its budget is measured in the chapter, on minutes of a CPU."""
+after another (the second on the first one's tokenizer), the best by validation loss becomes the run, the run's
+commands read it, and it is scored on the half of the validation text no candidate was chosen on. `--max-candidates
+2` keeps it to two candidates whatever this machine's speed; that a search fills its budget is measured in the
+chapter, on minutes of a CPU."""
 import json
 import subprocess
 
@@ -34,4 +35,9 @@ def test_search_trains_the_listed_candidates_and_keeps_the_best(tmp_path):
     assert (loser / "training_summary.json").exists() and not list(loser.glob("checkpoint_step_*"))
     sample = tiny_lm("generate", "--checkpoint", str(out), "--max-tokens", "8")
     assert sample.returncode == 0 and sample.stdout.strip(), sample.stderr
-    assert "lowest validation loss (*) is the result" in run.stdout
+    assert "lowest validation loss (*) on the first half of each validation document is the result" in run.stdout
+    figures = record["figures"]  # the winner on the half of each validation document it was chosen on, and the other
+    assert figures["unchosen"]["tokens"] > 0 and figures["chosen_on"]["tokens"] > 0, figures
+    assert summary["unchosen_val_bpb"] == figures["unchosen"]["bits_per_byte"]
+    assert "second half of each validation document" in figures["unchosen"]["text"]
+    assert "which no candidate was chosen on" in run.stdout

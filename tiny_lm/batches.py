@@ -29,8 +29,8 @@ __all__ = ['token_cache_path', 'load_tokens', 'first_tokens', 'unigram_loss', 'B
            'Prefetcher', 'step_batches']
 
 # %% ../nbs/03a_batches.ipynb #e8379918
-_CACHE_FIELDS = ("dataset_id", "dataset_config", "text_column", "split", "val_split", "max_train_examples",
-                 "max_val_examples")
+_CACHE_FIELDS = ("dataset_id", "dataset_config", "text_column", "split", "val_split", "val_part",
+                 "max_train_examples", "max_val_examples")  # val_part: a search holds out more and halves it
 
 def token_cache_path(source: TextSource, which: str, tokenizer: Tokenizer, cache_dir: str | Path) -> Path:
     "The file in `cache_dir` holding a split's tokens: its name carries the source's and the tokenizer's fingerprint."

@@ -16,17 +16,22 @@ from typing import Callable, Iterator
 import jax
 
 from .budget import BUDGET_AIM, LANDING
+from .checkpoint import load_checkpoint, run_meta
+from .data import DataConfig, open_source
 from .errors import TinyLMError
+from .flags import SHAPE_FLAGS
 from .model import ModelConfig
 from .model_size import millions, model_ladder, preset_named, seconds_for, time_words
 from .profiles import HARDWARE, Plan, choose_learning_rate, plan_speed
+from .score import evaluate_text
 from .settings import TOKENIZER_TRAINING, decide, planned_vocab, sizes_the_model
+from .sizing import param_count
 from .train_config import TrainConfig
 
 # %% auto #0
 __all__ = ['SEARCH_SHARE', 'SIZE_STEPS', 'DROPOUT_LEVELS', 'RATE_SCALES', 'DECAY_LEVELS', 'SETUP_GUESS', 'LEFT_OVER', 'CUT_SHARE',
-           'Trial', 'price', 'Search', 'plan_search', 'describe_search', 'search_figure', 'describe_results',
-           'run_search', 'search_report']
+           'Trial', 'price', 'Search', 'plan_search', 'describe_search', 'search_figure', 'held_out_figures',
+           'describe_results', 'run_search', 'search_report']
 
 # %% ../nbs/08f_search.ipynb #0e997e9b
 SEARCH_SHARE = 1 / 3  # a plan searches where its one run would take less than this share of the time budget
@@ -168,9 +173,10 @@ def plan_search(args, plan: Plan | None, init) -> Search | None:
     passes = args.epochs or plan.epochs_limit
     return Search(tuple(kept), tuple(more), f"search: the planned run takes about {time_words(pick.seconds)} of the "
                   f"{time_words(budget)} budget, so {len(kept) + len(more)} candidates or more train in it, each to "
-                  f"its own end ({passes:g} passes): {what}, then rounds of other settings around the best so far (the "
-                  "first listed at the pick's size); the lowest validation loss wins (--no-search: the planned model "
-                  "alone)")
+                  f"its own end ({passes:g} passes): {what}, then rounds around the best so far (the next size up "
+                  "while the largest is best, other settings: the first listed at the pick's size); the lowest "
+                  "validation loss on half of the validation text wins, scored on the other half too (--no-search: "
+                  "the planned model alone)")
 
 def describe_search(search: Search) -> str:
     "The search's candidates with the time each is planned to take, as `tiny-lm plan` lists them after the plan."
@@ -195,11 +201,27 @@ def _best(done: list[dict]) -> dict:
 
 CUT_SHARE = 1 / 4  # the last candidate left out trains by the clock if the time left holds this share of its own
 
-def _around_best(args, init, done: list[dict], tried: set, names: Iterator[int]) -> list[Trial]:
-    "The settings varied around the best candidate so far that no candidate has had yet, priced."
+def _size_up(args, init, best: dict, done: list[dict]) -> list[dict]:
+    ("The next size up the plan's ladder from the best candidate, with its dropout and decay and the rate a plan "
+     "gives that size, where the best is the largest size tried (time to spare grows the search until a size "
+     "loses); none where the flags gave the size.")
+    if not sizes_the_model(args, init) or best["params"] < max(r["params"] for r in done):
+        return []
+    bigger = [cfg for cfg in model_ladder(planned_vocab(args, init), args.seq_len) if param_count(cfg) > best["params"]]
+    if not bigger:
+        return []
+    kept = {k: v for k, v in best["flags"].items() if k not in ("model_preset", "seq_len", *SHAPE_FLAGS)}
+    rate = {} if args.learning_rate is not None else {"learning_rate": choose_learning_rate(bigger[0])}
+    return [kept | _model_flags(bigger[0]) | rate]
+
+def _around_best(args, init, done: list[dict], tried: set, names: dict[str, Iterator[int]]) -> list[Trial]:
+    ("The candidates around the best so far that no candidate has been yet, priced: the next size up where the best "
+     "is the largest (named t), and its settings varied (v).")
     best = _best(done)
-    priced = [price(args, init, flags, "") for flags in _variant_flags(args, best["flags"], best["values"])]
-    return [replace(t, name=f"v{next(names)}") for t in priced if _key(t) not in tried]
+    flag_sets = [("t", flags) for flags in _size_up(args, init, best, done)]
+    flag_sets += [("v", flags) for flags in _variant_flags(args, best["flags"], best["values"])]
+    priced = [(kind, price(args, init, flags, "")) for kind, flags in flag_sets]
+    return [replace(t, name=f"{kind}{next(names[kind])}") for kind, t in priced if _key(t) not in tried]
 
 def _key(trial: Trial) -> str:
     "What a candidate trains: its flags and the settings they come to (a rate given or planned is one candidate)."
@@ -213,7 +235,8 @@ def _schedule(args, init, search: Search, done: list[dict], started: float) -> I
     ("Each next candidate and its time budget (the rest of the run's): the sizes, then rounds of settings varied "
      "around the best so far while a round trains any; a candidate that would not end in the time left is left out. "
      "The one after which no candidate would fit trains to the budget's end; failing that, the first left out does.")
-    budget, skipped, tried, names = args.time_budget, None, set(), itertools.count(1)
+    budget, skipped, tried = args.time_budget, None, set()
+    names = {"t": itertools.count(len(search.sizes) + 1), "v": itertools.count(1)}
     left = lambda: budget - (time.perf_counter() - started)
     queue, cheapest = list(search.sizes), min(search.sizes, key=lambda t: t.seconds)
     while queue:
@@ -238,7 +261,8 @@ def _schedule(args, init, search: Search, done: list[dict], started: float) -> I
 def _trial_args(args, trial: Trial, root: Path, budget: float, done: list[dict]) -> argparse.Namespace:
     ("The flags a candidate trains with: the run's as given, the candidate's, its folder and time budget; after the "
      "first, the first one's tokenizer (every candidate scored in the same tokens).")
-    flags = trial.flags | {"output_dir": str(root / trial.name), "time_budget": budget, "sample_tokens": 0}
+    flags = trial.flags | {"output_dir": str(root / trial.name), "time_budget": budget, "sample_tokens": 0,
+                           "val_part": "choose"}  # the other half of each validation document reports the winner
     if done and not args.tokenizer_path:
         flags |= dict.fromkeys(TOKENIZER_TRAINING) | {"tokenizer_path": str(root / done[0]["name"] / "tokenizer.json")}
     return _with_flags(args, flags)
@@ -303,21 +327,50 @@ def search_figure(curves: dict[str, dict[int, float]], winner: str):
     ax.legend(fontsize=7, ncol=2)
     return fig
 
+def held_out_figures(run_dir: Path, summary: dict) -> dict:
+    ("The run in `run_dir` (its result: the best checkpoint where that is the result's step) scored on each half of "
+     "its validation documents: 'chosen_on' (the candidates' validation) and 'unchosen' (no candidate was chosen on "
+     "it); a half with no text gives the reason instead.")
+    best = run_dir / "best_checkpoint"
+    path = best if best.is_dir() and run_meta(best)[1] == summary.get("result_step") else run_dir
+    model, tokenizer, _ = load_checkpoint(path)
+    data = run_meta(path)[2]["config"]["data"]
+    figures = {}
+    for key, part in (("chosen_on", "choose"), ("unchosen", "report")):
+        source = open_source(DataConfig(**{**data, "val_part": part, "num_workers": 0}))
+        try:
+            scored = evaluate_text(model, tokenizer, source.documents("val"), source.separator)
+        except TinyLMError as e:  # validation documents too short to halve
+            scored = {"error": str(e)}
+        figures[key] = scored | {"text": source.val_description}
+    return figures
+
+def _figure_line(figures: dict) -> str:
+    "The winner's bits per byte on the half it was chosen on and on the half it was not, in words."
+    chosen, unchosen = figures["chosen_on"], figures["unchosen"]
+    if "error" in unchosen or "error" in chosen:
+        return f"the winner could not be scored on the halves of its validation text: {unchosen.get('error')}"
+    return (f"the winner: {unchosen['bits_per_byte']:.3f} bits per byte on the second half of each validation "
+            f"document, which no candidate was chosen on ({unchosen['tokens']:,} tokens), and "
+            f"{chosen['bits_per_byte']:.3f} on the first half, which chose it (a figure the choice flatters)")
+
 def describe_results(record: dict) -> str:
-    "The search's last lines: each candidate's validation loss and bits per byte, its time, the winner marked."
+    ("The search's last lines: each candidate's validation loss and bits per byte (on the half of the validation "
+     "text it was chosen on), its time, the winner marked; the winner's figure on the half none was chosen on.")
     rows = [f"{'*' if r['name'] == record['winner'] else ' '} {r['name']:<4} {r['label']:<58} "
             f"val loss {r['val_loss']:.4f}, {r['val_bpb']:.3f} bits per byte, {time_words(r['seconds'])}"
             for r in record["candidates"]]
     took, budget = time_words(record["seconds"]), time_words(record["time_budget"])
     return "\n".join([f"search: {len(rows)} candidates in {took} of the {budget} budget; the lowest validation "
-                      "loss (*) is the result:", *rows,
-                      "(bits per byte on the validation text the winner was chosen on: a figure the choice flatters)"])
+                      "loss (*) on the first half of each validation document is the result:", *rows,
+                      _figure_line(record["figures"])])
 
 def run_search(args, init, search: Search, train: Callable[[argparse.Namespace], dict], started: float,
-               say=print) -> dict:
+               say=print, score: Callable[[Path, dict], dict] = held_out_figures) -> dict:
     ("Train the search's candidates in the time budget (`args`: the run's flags as given), each into "
-     "OUTPUT_DIR/search/NAME by `train`; the one with the lowest validation loss is moved up to OUTPUT_DIR as the "
-     "run's result. Writes search.json and search.png there; returns the winner's summary, with the search's record.")
+     "OUTPUT_DIR/search/NAME by `train`, validated on the first half of each validation document; the one with the "
+     "lowest validation loss is moved up to OUTPUT_DIR as the run's result, and `score`d on both halves. Writes "
+     "search.json and search.png there; returns the winner's summary, with the search's record.")
     out = Path(args.output_dir)
     root, done = out / "search", []
     _start_afresh(root, say)
@@ -334,10 +387,12 @@ def run_search(args, init, search: Search, train: Callable[[argparse.Namespace],
         if r is not winner:
             _drop_checkpoints(root / r["name"])
     figure.savefig(out / "search.png", dpi=100)
+    figures = score(out, summary)
     record = {"time_budget": args.time_budget, "seconds": time.perf_counter() - started, "winner": winner["name"],
-              "candidates": done}
+              "figures": figures, "candidates": done}
     (out / "search.json").write_text(json.dumps(record, indent=2))
-    summary = _moved(summary, str(root / winner["name"]), str(out)) | {"search": record}
+    unchosen = figures["unchosen"].get("bits_per_byte")  # the winner's figure that no choice flattered
+    summary = _moved(summary, str(root / winner["name"]), str(out)) | {"unchosen_val_bpb": unchosen, "search": record}
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
     say(describe_results(record))
     return summary

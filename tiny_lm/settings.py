@@ -92,7 +92,7 @@ def model_from_args(args, vocab_size: int, base: ModelConfig | None = None, **fi
 def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, TokenizerConfig, dict, TrainConfig]:
     "Data, tokenizer, model-override and training configs from flags, on top of a resumed run's `saved` configs."
     saved = saved or {}
-    data = DataConfig(**{**saved.get("data", {}), **_given(args, [*DATA_FLAGS, "streaming"])})
+    data = DataConfig(**{**saved.get("data", {}), **_given(args, [*DATA_FLAGS, "streaming", "val_part"])})
     if args.auto_vocab_size and args.vocab_size is not None:
         raise TinyLMError("give --vocab-size or --auto-vocab-size, not both")
     check_tokenizer_flags(args)
