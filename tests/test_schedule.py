@@ -212,7 +212,8 @@ def params(checkpoint) -> list:
 def test_a_sized_run_on_little_text_ends_after_sixteen_passes_not_at_its_budget(tmp_path):
     """`--time-budget` alone, the model sized by the plan, on text that the time would pass over far more than 16
     times: the run ends after 16 passes (the plan's `--epochs`, 05c_profiles' MAX_EPOCHS), long before its budget,
-    decays to the end rate on its own steps (its clock never decides), and says so in the banner and at the end."""
+    decays to the end rate on its own steps (its clock never decides), and says so in the banner and at the end.
+    The same command again finds it complete; a longer `--max-steps` trains it further (08e_settings)."""
     text = tmp_path / "plays.txt"  # 4 KB of the fixture: 16 passes in 7 steps (15 KB took 34 s at the 5,000 tokens/s
     text.write_text((DATA / "tiny_shakespeare.txt").read_text()[:4_000])  # of the tests' unoptimised XLA)
     out = tmp_path / "run"
@@ -231,3 +232,9 @@ def test_a_sized_run_on_little_text_ends_after_sixteen_passes_not_at_its_budget(
     assert summary["decay_start"] is None and summary["decay_plan"] is None, summary  # the clock never decided
     lr, last = rates(out), summary["total_steps"]
     assert last == max(lr) and lr[last] < max(lr.values()) / 5, lr  # decayed by its steps, to the end rate's side
+    again = tiny_lm("train", "--output-dir", str(out), "--time-budget", "10m", "--no-progress", "--sample-tokens", "0")
+    assert again.returncode == 0 and "the run is complete" in again.stdout, again.stdout  # the same length: done
+    further = tiny_lm("train", "--output-dir", str(out), "--max-steps", str(last + 3), "--no-progress",
+                      "--sample-tokens", "0")  # a longer length given replaces its passes and budget
+    assert further.returncode == 0 and f"at step {last} of {last + 3}" in further.stdout, further.stdout
+    assert json.loads((out / "training_summary.json").read_text())["total_steps"] == last + 3

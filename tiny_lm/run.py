@@ -286,8 +286,8 @@ def _restore_run(t: Trainer, s: RunState) -> None:
 
 def _already_done(t: Trainer, s: RunState) -> dict:
     "A resumed run that has trained all its steps: say so and return its summary."
-    t.say(f"the run is complete (step {s.start} of {s.total_steps}): raise --max-steps or --epochs to train further, "
-          "or pass --overwrite to start afresh")
+    t.say(f"the run is complete (step {s.start} of {s.total_steps}): give a longer --max-steps or --epochs, or a new "
+          "--time-budget, to train further, or pass --overwrite to start afresh")
     s.data.batches.close()
     done = t.output_dir / "training_summary.json"
     return json.loads(done.read_text()) if done.exists() else {"total_steps": s.start}
@@ -308,7 +308,8 @@ def _schedule_run(t: Trainer, s: RunState) -> None:
         s.config["schedule"] = new_schedule(s.train_cfg, s.total_steps)  # what init_model gave the optimizer
         return
     saved = _saved_schedule(s.saved, s.total_steps)
-    if s.train_cfg.time_budget and saved["segments"][-1].get("by_clock"):  # its clock had decided the length
+    same_budget = s.train_cfg.time_budget == s.saved["train"].get("time_budget")  # else a new budget: its own clock
+    if s.train_cfg.time_budget and same_budget and saved["segments"][-1].get("by_clock"):  # the clock had decided
         s.total_steps = saved["total_steps"]
     s.config["schedule"] = continue_schedule(saved, s.train_cfg, s.start, s.total_steps)
     set_schedule(s.optimizer, s.train_cfg, s.config["schedule"])

@@ -26,7 +26,7 @@ from .tokenizer import TokenizerConfig, bytes_per_token, load_tokenizer
 from .train_config import TrainConfig
 
 # %% auto #0
-__all__ = ['TOKENIZER_TRAINING', 'precision_of', 'check_size_flags', 'model_from_args', 'configs_from_args',
+__all__ = ['LENGTH_FIELDS', 'TOKENIZER_TRAINING', 'precision_of', 'check_size_flags', 'model_from_args', 'configs_from_args',
            'check_tokenizer_flags', 'base_run_of', 'run_config_from_args', 'planned_vocab', 'planned_length',
            'sizes_the_model', 'apply_profile', 'decide', 'describe_settings']
 
@@ -89,6 +89,17 @@ def model_from_args(args, vocab_size: int, base: ModelConfig | None = None, **fi
     return replace(base, **reset, **{**over, "vocab_size": vocab_size, **fields})  # `fields` win over the flags
 
 # %% ../nbs/08e_settings.ipynb #d668d25b
+LENGTH_FIELDS = ("max_steps", "epochs", "time_budget")  # what ends a run
+
+def _resumed_length(train: dict, saved_train: dict) -> dict:
+    ("A resumed run's training flags: a length given that differs from the saved one replaces the saved length whole "
+     "(--max-steps 400 trains to step 400, whatever passes or budget ended the run), where the same command again "
+     "goes on with the saved one (a planned run's 16 passes stay).")
+    given = {k: train[k] for k in LENGTH_FIELDS if k in train}
+    if any(saved_train.get(k) != value for k, value in given.items()):
+        return {**dict.fromkeys(LENGTH_FIELDS), **train}
+    return train
+
 def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, TokenizerConfig, dict, TrainConfig]:
     "Data, tokenizer, model-override and training configs from flags, on top of a resumed run's `saved` configs."
     saved = saved or {}
@@ -103,7 +114,8 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
         train["max_steps"] = None  # --epochs or --time-budget alone: they decide the length
     if "time_budget" in train:
         train.setdefault("lr_schedule", "wsd")  # the schedule whose decay the clock can start
-    train = TrainConfig.from_dict({**saved["train"], **train}) if saved else TrainConfig(**train)
+    train = TrainConfig.from_dict({**saved["train"], **_resumed_length(train, saved["train"])}) if saved else \
+        TrainConfig(**train)
     model = _model_overrides(args)
     check_size_flags(args)
     _check_lora_flags(args, saved)
