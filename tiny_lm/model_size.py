@@ -17,9 +17,10 @@ from .sizing import PRESETS, flops_per_token, param_count, preset_config, target
 # %% auto #0
 __all__ = ['PLAN_TOKENS_PER_PARAM', 'CPU_TOKENS_PER_PARAM', 'DATA_TOKENS_PER_PARAM', 'OVERFIT_EPOCHS', 'MAX_EPOCHS',
            'SETUP_SHARE', 'TRAIN_SHARE', 'BYTES_PER_TOKEN_GUESS', 'MIN_ASPECT', 'MAX_ASPECT', 'REPEAT_HALF_LIFE',
-           'ACCELERATOR_RULE', 'CPU_RULE', 'bytes_per_token_guess', 'Length', 'context_for', 'model_ladder',
-           'preset_named', 'Speed', 'tokens_trained', 'seconds_for', 'capped', 'effective_tokens', 'millions',
-           'time_words', 'SizingRule', 'Candidate', 'weigh', 'size_model', 'dropout_for']
+           'CPU_RATIO_GROWTH', 'CPU_RULE_COMPUTE', 'ACCELERATOR_RULE', 'CPU_RULE', 'bytes_per_token_guess', 'Length',
+           'context_for', 'model_ladder', 'preset_named', 'Speed', 'tokens_trained', 'seconds_for', 'capped',
+           'effective_tokens', 'millions', 'time_words', 'SizingRule', 'Candidate', 'weigh', 'size_model',
+           'dropout_for']
 
 # %% ../nbs/05b_model_size.ipynb #d6ab3908
 PLAN_TOKENS_PER_PARAM = 20  # tokens per parameter a planned model trains on at least (Hoffmann et al. 2022)
@@ -174,14 +175,31 @@ def _limit(trained: float, worth: float, by_passes: bool, per_param: float, spar
     return "the data" if by_passes else "the time"
 
 class SizingRule(NamedTuple):
-    "What a planned model trains on at least: `per_param` tokens a parameter (or, `by_data`, all its passes)."
+    ("What a planned model trains on at least: `per_param` tokens a parameter, scaled with the run's compute as its "
+     "power `grows` (1 at `at_compute` FLOPs; 0: a constant), or, `by_data`, all its passes.")
     per_param: float
     by_data: bool  # where its passes end a time budget's run first, training on all of them is enough
     source: str  # where `per_param` comes from, for the plan's reasons
+    grows: float = 0.0
+    at_compute: float = 1.0
+
+    def ratio(self, length: Length, speed: Speed | None) -> float:
+        "The tokens per parameter a run of `length` at `speed` trains on at least: its compute's, if it has a budget."
+        if not self.grows or not length.time_budget or speed is None:
+            return self.per_param
+        return self.per_param * (TRAIN_SHARE * length.time_budget * speed.flops / self.at_compute) ** self.grows
+
+# the CPU's ratio grows with the run's compute (13_size_sweep): at two minutes on German manual pages with 1,024 tokens
+# of vocabulary, a model on 2.8 tokens per parameter beat the plan's pick on 21 by 0.04 bits per byte, where at ten
+# and thirty minutes the losers had 2.8 and 4.0; as the power 0.25 of the compute, 4.5 at thirty minutes of the EPYC
+# (its timed 160.7 GFLOP/s) is 3.4 at ten minutes and 2.2 at two
+CPU_RATIO_GROWTH = 0.25
+CPU_RULE_COMPUTE = TRAIN_SHARE * 30 * 60 * 160.7e9  # FLOPs of thirty minutes' steps on the EPYC, where 4.5 holds
 
 ACCELERATOR_RULE = SizingRule(PLAN_TOKENS_PER_PARAM, False, "Hoffmann et al. 2022: about 20 is compute-optimal")
 CPU_RULE = SizingRule(CPU_TOKENS_PER_PARAM, True, f"Hoffmann et al. 2022: about 20 is compute-optimal on accelerators; "
-                      f"{CPU_TOKENS_PER_PARAM:g} measured for minutes of a CPU")  # 13_size_sweep
+                      f"on a CPU {CPU_TOKENS_PER_PARAM:g} for thirty minutes, as the compute's power "
+                      f"{CPU_RATIO_GROWTH:g}, measured", CPU_RATIO_GROWTH, CPU_RULE_COMPUTE)  # 13_size_sweep
 
 class Candidate(NamedTuple):
     "One model of the ladder as the plan weighs it."
@@ -199,7 +217,8 @@ def weigh(cfg: ModelConfig, length: Length, speed: Speed | None, step_tokens: Ca
                   if length.epochs and length.corpus_tokens else math.inf)  # the tokens its passes end it at
     trained, worth = tokens / params, effective_tokens(tokens, length.corpus_tokens) / params
     by_passes = tokens >= passes_end
-    limit = _limit(trained, worth, by_passes, rule.per_param, rule.by_data and length.time_budget is not None)
+    spare_time = rule.by_data and length.time_budget is not None
+    limit = _limit(trained, worth, by_passes, rule.ratio(length, speed), spare_time)
     return Candidate(cfg, params, trained, worth, by_passes, limit)
 
 def size_model(ladder: Sequence[ModelConfig], length: Length, speed: Speed | None, step_tokens: Callable,
@@ -212,7 +231,7 @@ def size_model(ladder: Sequence[ModelConfig], length: Length, speed: Speed | Non
     good = [c for c in candidates if c.limit is None]
     pick = good[-1] if good else candidates[0]
     passes = ", or on all its passes where they end the run before the time," if rule.by_data else ""
-    why = [f"size: the largest model that trains on at least {rule.per_param:g} tokens per parameter "
+    why = [f"size: the largest model that trains on at least {rule.ratio(length, speed):.2g} tokens per parameter "
            f"({rule.source}){passes} of text worth at least {DATA_TOKENS_PER_PARAM:g} distinct tokens per parameter, "
            f"a repeat worth less each time (Muennighoff et al. 2023; nanoGPT's Shakespeare recipe has 1.5): "
            f"{millions(pick.params)} parameters"]
