@@ -346,9 +346,17 @@ class _SplitRows:
                 if text is not None and rule is not None:
                     text = rule.part(row, text, which)
                 if text is not None and which == "val" and self.cfg.val_part:
-                    text = validation_half(text, self.cfg.val_part)
+                    text = self._searched_part(row, text)
                 row += 1
                 yield text, s, pos, row
+
+    def _searched_part(self, row: int, text: str) -> str | None:
+        ("A search's part of the validation document at `row`: every other document by row ('choose' the even, "
+         "'report' the odd), or the halves of a lone one (`validation_half`).")
+        rule = self.hold_out
+        if rule is not None and (rule.tail is not None or rule.held == 1):
+            return validation_half(text, self.cfg.val_part)
+        return text if (row % 2 == 0) == (self.cfg.val_part == "choose") else None
 
     def _no_text(self, which: str) -> str:
         "Why split `which` yielded no document: which case it is and what to do, in one line."
@@ -442,8 +450,8 @@ class TextSource(_SplitRows, _HubShares):
     def val_description(self) -> str:
         "What validation holds, in words: a split's name, or what is held out and its real share."
         held = f"validation on the {self.val_name!r} split" if self.val_name else self.hold_out.describe(self.cfg.split)
-        half = {"choose": "the first", "report": "the second"}.get(self.cfg.val_part)
-        return f"{held}, {half} half of each validation document" if half else held
+        half = {"choose": "the even", "report": "the odd"}.get(self.cfg.val_part)
+        return f"{held}, the {half}-numbered documents of it (a lone one's halves)" if half else held
 
     def __repr__(self):
         val = self.val_name or self.hold_out.describe(self.cfg.split)

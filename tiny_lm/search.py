@@ -350,9 +350,9 @@ def _figure_line(figures: dict) -> str:
     chosen, unchosen = figures["chosen_on"], figures["unchosen"]
     if "error" in unchosen or "error" in chosen:
         return f"the winner could not be scored on the halves of its validation text: {unchosen.get('error')}"
-    return (f"the winner: {unchosen['bits_per_byte']:.3f} bits per byte on the second half of each validation "
-            f"document, which no candidate was chosen on ({unchosen['tokens']:,} tokens), and "
-            f"{chosen['bits_per_byte']:.3f} on the first half, which chose it (a figure the choice flatters)")
+    return (f"the winner: {unchosen['bits_per_byte']:.3f} bits per byte on the half of the validation documents "
+            f"that no candidate was chosen on ({unchosen['tokens']:,} tokens), and "
+            f"{chosen['bits_per_byte']:.3f} on the other half, which chose it (a figure the choice flatters)")
 
 def describe_results(record: dict) -> str:
     ("The search's last lines: each candidate's validation loss and bits per byte (on the half of the validation "
@@ -362,13 +362,13 @@ def describe_results(record: dict) -> str:
             for r in record["candidates"]]
     took, budget = time_words(record["seconds"]), time_words(record["time_budget"])
     return "\n".join([f"search: {len(rows)} candidates in {took} of the {budget} budget; the lowest validation "
-                      "loss (*) on the first half of each validation document is the result:", *rows,
+                      "loss (*) on half of the validation documents is the result:", *rows,
                       _figure_line(record["figures"])])
 
 def run_search(args, init, search: Search, train: Callable[[argparse.Namespace], dict], started: float,
                say=print, score: Callable[[Path, dict], dict] = held_out_figures) -> dict:
     ("Train the search's candidates in the time budget (`args`: the run's flags as given), each into "
-     "OUTPUT_DIR/search/NAME by `train`, validated on the first half of each validation document; the one with the "
+     "OUTPUT_DIR/search/NAME by `train`, validated on half of the validation documents; the one with the "
      "lowest validation loss is moved up to OUTPUT_DIR as the run's result, and `score`d on both halves. Writes "
      "search.json and search.png there; returns the winner's summary, with the search's record.")
     out = Path(args.output_dir)
