@@ -35,7 +35,7 @@ AUTO_VAL_FRACTION = 0.02  # share of documents held out when a source has no val
 # half, so it holds out more where the share is automatic: this much text, within 2 to 10 % of the training text
 # (2 % of 200 KB of Shakespeare was 1,172 tokens, where one model trained twice differed by 0.025 nats)
 SEARCH_VAL_BYTES = 512_000
-VAL_PARTS = ("choose", "report")  # the halves of each validation document a search reads
+VAL_PARTS = ("choose", "report")  # the halves of the validation documents a search reads (`_searched_part`)
 STREAM_ABOVE_BYTES = 100_000_000  # local sources larger than this stream by default
 
 def default_workers(cores: int | None = None) -> int:
@@ -52,7 +52,7 @@ class DataConfig:
     text_column: str = "text"  # column holding the text (jsonl, json, parquet, csv and hub sources)
     split: str = "train"  # split to train on
     val_split: str = "auto"  # validation: a split name, a fraction to hold out, or auto
-    val_part: str | None = None  # None: all the validation text; 'choose' / 'report': each document's halves
+    val_part: str | None = None  # None: all the validation text; 'choose' / 'report': every other document
     max_train_examples: int | None = None  # read at most this many training documents per epoch
     max_val_examples: int | None = None  # read at most this many validation documents
     stride: int | None = None  # tokens between window starts (None: seq_len, windows do not overlap)

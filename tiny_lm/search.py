@@ -262,7 +262,7 @@ def _trial_args(args, trial: Trial, root: Path, budget: float, done: list[dict])
     ("The flags a candidate trains with: the run's as given, the candidate's, its folder and time budget; after the "
      "first, the first one's tokenizer (every candidate scored in the same tokens).")
     flags = trial.flags | {"output_dir": str(root / trial.name), "time_budget": budget, "sample_tokens": 0,
-                           "val_part": "choose"}  # the other half of each validation document reports the winner
+                           "val_part": "choose"}  # the other validation documents report the winner
     if done and not args.tokenizer_path:
         flags |= dict.fromkeys(TOKENIZER_TRAINING) | {"tokenizer_path": str(root / done[0]["name"] / "tokenizer.json")}
     return _with_flags(args, flags)
@@ -332,15 +332,16 @@ def held_out_figures(run_dir: Path, summary: dict) -> dict:
      "its validation documents: 'chosen_on' (the candidates' validation) and 'unchosen' (no candidate was chosen on "
      "it); a half with no text gives the reason instead.")
     best = run_dir / "best_checkpoint"
-    path = best if best.is_dir() and run_meta(best)[1] == summary.get("result_step") else run_dir
+    meta = run_meta(best) if best.is_dir() else None
+    path, meta = (best, meta) if meta and meta[1] == summary.get("result_step") else (run_dir, run_meta(run_dir))
     model, tokenizer, _ = load_checkpoint(path)
-    data = run_meta(path)[2]["config"]["data"]
+    data = meta[2]["config"]["data"]
     figures = {}
     for key, part in (("chosen_on", "choose"), ("unchosen", "report")):
         source = open_source(DataConfig(**{**data, "val_part": part, "num_workers": 0}))
         try:
             scored = evaluate_text(model, tokenizer, source.documents("val"), source.separator)
-        except TinyLMError as e:  # validation documents too short to halve
+        except TinyLMError as e:  # no text in this half (one validation document, too short to cut)
             scored = {"error": str(e)}
         figures[key] = scored | {"text": source.val_description}
     return figures
@@ -348,8 +349,8 @@ def held_out_figures(run_dir: Path, summary: dict) -> dict:
 def _figure_line(figures: dict) -> str:
     "The winner's bits per byte on the half it was chosen on and on the half it was not, in words."
     chosen, unchosen = figures["chosen_on"], figures["unchosen"]
-    if "error" in unchosen or "error" in chosen:
-        return f"the winner could not be scored on the halves of its validation text: {unchosen.get('error')}"
+    if error := unchosen.get("error") or chosen.get("error"):
+        return f"the winner could not be scored on the halves of its validation text: {error}"
     return (f"the winner: {unchosen['bits_per_byte']:.3f} bits per byte on the half of the validation documents "
             f"that no candidate was chosen on ({unchosen['tokens']:,} tokens), and "
             f"{chosen['bits_per_byte']:.3f} on the other half, which chose it (a figure the choice flatters)")

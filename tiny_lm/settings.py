@@ -114,8 +114,9 @@ def configs_from_args(args, saved: dict | None = None) -> tuple[DataConfig, Toke
         train["max_steps"] = None  # --epochs or --time-budget alone: they decide the length
     if "time_budget" in train:
         train.setdefault("lr_schedule", "wsd")  # the schedule whose decay the clock can start
-    train = TrainConfig.from_dict({**saved["train"], **_resumed_length(train, saved["train"])}) if saved else \
-        TrainConfig(**train)
+    if saved:
+        train = {**saved["train"], **_resumed_length(train, saved["train"])}
+    train = TrainConfig.from_dict(train) if saved else TrainConfig(**train)
     model = _model_overrides(args)
     check_size_flags(args)
     _check_lora_flags(args, saved)
